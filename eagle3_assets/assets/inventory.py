@@ -1,0 +1,44 @@
+"""``inventory``: per-dataset counts, lengths, budget and cost, stored in metadata.duckdb."""
+
+
+import dagster as dg
+
+from eagle3_assets.assets.responses import raw_responses
+from eagle3_assets.assets.tokens import token_ids
+from eagle3_assets.core.inventory import response_frame, summarize, write_inventory
+from eagle3_assets.core.response_store import ResponseStore
+from eagle3_assets.metadata import md_table
+from eagle3_assets.partitions import datasets_partitions
+from resources import DatasetSettings, StorageResource
+
+SHOWN = ["source", "responses", "completion_tokens", "mean_len", "p50_len", "p95_len",
+         "finish_reasons", "budget_used", "budget_remaining", "cost_usd"]
+
+
+@dg.asset(
+    partitions_def=datasets_partitions,
+    deps=[token_ids, raw_responses],
+    group_name="data",
+    kinds={"duckdb"},
+    pool="duckdb",
+    description="Responses, completion tokens, lengths, finish reasons, budget and cost per dataset and source.",
+)
+def inventory(context: dg.AssetExecutionContext, storage: StorageResource, dataset_settings: DatasetSettings) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    layout = storage.layout
+    frame = response_frame(ResponseStore(layout.responses_dir(dataset)).rows())
+    rows = summarize(dataset, frame, dataset_settings.budget_for(dataset))
+    write_inventory(layout.metadata_db, dataset, rows)
+    total = rows.filter(rows["source"] == "all").to_dicts()[0]
+    return dg.MaterializeResult(
+        metadata={
+            "inventory": md_table(rows.to_dicts(), SHOWN),
+            "responses": total["responses"],
+            "completion_tokens": total["completion_tokens"],
+            "budget_tokens": total["budget_tokens"],
+            "budget_remaining": total["budget_remaining"],
+            "cost_usd": float(total["cost_usd"] or 0.0),
+            "p95_len": float(total["p95_len"] or 0.0),
+            "database": dg.MetadataValue.path(str(layout.metadata_db)),
+        }
+    )

@@ -1,0 +1,72 @@
+"""``token_ids``: token-exact training sequences with loss masks and agreement figures."""
+
+
+import dagster as dg
+import polars as pl
+
+from eagle3_assets.assets.prompts import read_prompt_table
+from eagle3_assets.assets.responses import raw_responses
+from eagle3_assets.core.files import write_parquet_atomic
+from eagle3_assets.core.response_store import ResponseStore
+from eagle3_assets.core.tokens import build_token_row
+from eagle3_assets.metadata import md_table
+from eagle3_assets.partitions import datasets_partitions
+from resources import StorageResource, TokenizerResource
+
+TOKEN_SCHEMA = {
+    "sample_id": pl.Utf8, "dataset": pl.Utf8, "prompt_id": pl.Utf8, "sample_index": pl.Int32,
+    "source": pl.Utf8, "model": pl.Utf8, "finish_reason": pl.Utf8,
+    "input_ids": pl.List(pl.Int32), "loss_mask": pl.List(pl.Int8),
+    "prompt_len": pl.Int32, "completion_len": pl.Int32, "text_len": pl.Int32,
+    "native_ids": pl.Boolean, "built_from": pl.Utf8,
+    "retok_matched": pl.Int32, "retok_total": pl.Int32, "retok_exact": pl.Boolean, "retok_diff": pl.Utf8,
+}
+
+
+def agreement_summary(frame: pl.DataFrame) -> dict:
+    """Token-level agreement and exact-sequence rate over rows that have native ids."""
+    native = frame.filter(pl.col("native_ids"))
+    total = int(native["retok_total"].sum() or 0)
+    matched = int(native["retok_matched"].sum() or 0)
+    return {
+        "rows_with_native_ids": native.height,
+        "token_agreement": matched / total if total else None,
+        "exact_sequence_rate": float(native["retok_exact"].mean()) if native.height else None,
+    }
+
+
+@dg.asset(
+    partitions_def=datasets_partitions,
+    deps=[raw_responses],
+    group_name="data",
+    kinds={"parquet"},
+    description="Prompt ids + output ids per sample, loss mask on assistant tokens, re-tokenization agreement.",
+)
+def token_ids(context: dg.AssetExecutionContext, storage: StorageResource, tokenizer: TokenizerResource) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    layout = storage.layout
+    tok = tokenizer.load()
+    messages = {p.prompt_id: p.messages for p in read_prompt_table(layout.prompt_table(dataset))}
+    rows = [build_token_row(r, messages.get(r["prompt_id"]), tok) for r in ResponseStore(layout.responses_dir(dataset)).iter_rows()]
+    frame = pl.DataFrame(rows, schema=TOKEN_SCHEMA) if rows else pl.DataFrame(schema=TOKEN_SCHEMA)
+    out = layout.tokens(dataset)
+    write_parquet_atomic(frame, out)
+    agree = agreement_summary(frame)
+    diffs = frame.filter(pl.col("retok_diff") != "").head(5).select("sample_id", "source", "retok_diff").to_dicts()
+    by_source = frame.group_by("source", "built_from").len().sort("source").to_dicts()
+    context.log.info(f"{dataset}: {frame.height} token rows; agreement {agree['token_agreement']}")
+    return dg.MaterializeResult(
+        metadata={
+            "rows": frame.height,
+            "tokens": int(frame["input_ids"].list.len().sum() or 0),
+            "loss_tokens": int(frame["completion_len"].sum() or 0),
+            "native_rows": int(frame["native_ids"].sum() or 0),
+            "retokenized_rows": int((~frame["native_ids"]).sum() or 0),
+            "token_agreement": agree["token_agreement"],
+            "exact_sequence_rate": agree["exact_sequence_rate"],
+            "by_source": md_table(by_source),
+            "retokenization_diffs": md_table(diffs),
+            "end_of_turn": f"{tok.end_of_turn} = {tok.end_of_turn_id}",
+            "path": dg.MetadataValue.path(str(out)),
+        }
+    )

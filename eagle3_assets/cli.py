@@ -1,0 +1,129 @@
+"""``eagle3``: the command line for what users do outside the UI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from eagle3_assets.paths import DataLayout, check_dataset_name, ensure_dagster_home
+
+INVENTORY_COLUMNS = [
+    ("dataset", "dataset"), ("source", "source"), ("responses", "responses"),
+    ("completion_tokens", "tokens"), ("mean_len", "mean"), ("p50_len", "p50"), ("p95_len", "p95"),
+    ("finish_reasons", "finish reasons"), ("budget_used", "budget used"),
+    ("budget_remaining", "remaining"), ("cost_usd", "cost $"),
+]
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:,.1f}" if abs(v) >= 10 else f"{v:,.4g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def print_inventory(layout: DataLayout) -> None:
+    """Every dataset's inventory in one table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from eagle3_assets.core.inventory import read_inventory
+
+    frame = read_inventory(layout.metadata_db)
+    console = Console(width=160)
+    if frame.is_empty():
+        console.print(f"No inventory yet in {layout.metadata_db}: materialize the `inventory` asset first.")
+        return
+    table = Table(title=f"Inventory ({layout.metadata_db})")
+    for _, title in INVENTORY_COLUMNS:
+        table.add_column(title, justify="left" if title in ("dataset", "source", "finish reasons") else "right")
+    for row in frame.iter_rows(named=True):
+        table.add_row(*[_fmt(row[k]) for k, _ in INVENTORY_COLUMNS], style="bold" if row["source"] == "all" else None)
+    console.print(table)
+
+
+def cmd_inventory(args) -> int:
+    print_inventory(DataLayout.from_env(args.root))
+    return 0
+
+
+def cmd_add_dataset(args) -> int:
+    layout = DataLayout.from_env(args.root)
+    src = Path(args.file)
+    name = check_dataset_name(args.name or src.stem)
+    from eagle3_assets.core.prompts import read_prompt_file
+
+    parsed = read_prompt_file(src, skip_invalid=args.skip_invalid)
+    dst = layout.prompt_source(name)
+    if dst.exists() and not args.force:
+        print(f"{dst} exists; pass --force to replace it", file=sys.stderr)
+        return 2
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    os.environ.setdefault("DAGSTER_HOME", str(ensure_dagster_home(layout)))
+    from dagster import DagsterInstance
+
+    from eagle3_assets.partitions import datasets_partitions
+
+    instance = DagsterInstance.get()
+    if not instance.has_dynamic_partition(datasets_partitions.name, name):
+        instance.add_dynamic_partitions(datasets_partitions.name, [name])
+    print(f"dataset {name!r}: {len(parsed.prompts)} prompts ({len(parsed.skipped)} bad rows) -> {dst}; partition added")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from eagle3_assets.demo import run_demo
+
+    return run_demo(args.datasets or None)
+
+
+def cmd_paths(args) -> int:
+    layout = DataLayout.from_env(args.root)
+    print(f"data root        {layout.root}\nmetadata db      {layout.metadata_db}\n"
+          f"dagster home     {layout.dagster_home}\nmodel cache      {layout.models_dir}")
+    return 0
+
+
+def cmd_ui(args) -> int:
+    """The Dagster webserver and daemon on 127.0.0.1 against the project's instance."""
+    from eagle3_assets.paths import REPO_ROOT
+
+    layout = DataLayout.from_env(args.root)
+    env = dict(os.environ, DAGSTER_HOME=str(ensure_dagster_home(layout)), EAGLE3_HOME=str(layout.root))
+    cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
+           "-h", "127.0.0.1", "-p", str(args.port)]
+    print(f"Dagster UI on http://127.0.0.1:{args.port} (instance {env['DAGSTER_HOME']}); Ctrl-C stops it.")
+    os.execve(cmd[0], cmd, env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="eagle3", description=__doc__)
+    parser.add_argument("--root", help="data root (default: $EAGLE3_HOME or ./data)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("inventory", help="print the inventory of every dataset").set_defaults(fn=cmd_inventory)
+    p = sub.add_parser("add-dataset", help="copy a prompt file into the data root and add its partition")
+    p.add_argument("file")
+    p.add_argument("--name", help="dataset name (default: the file's stem)")
+    p.add_argument("--skip-invalid", action="store_true", help="accept a file with bad rows (they are skipped)")
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(fn=cmd_add_dataset)
+    p = sub.add_parser("demo", help="materialize the graph for the bundled demo datasets")
+    p.add_argument("datasets", nargs="*")
+    p.set_defaults(fn=cmd_demo)
+    sub.add_parser("paths", help="print where files live").set_defaults(fn=cmd_paths)
+    p = sub.add_parser("ui", help="serve the Dagster webserver and daemon on 127.0.0.1")
+    p.add_argument("--port", type=int, default=3000)
+    p.set_defaults(fn=cmd_ui)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Dagster-free core library: everything the assets call, testable on its own."""

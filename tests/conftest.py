@@ -1,0 +1,61 @@
+"""Shared fixtures: an isolated data root per test, one converted copy of the real model."""
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+from eagle3_assets.paths import REPO_ROOT, DataLayout  # noqa: E402
+
+# The converted model is shared with `make demo` so it is dequantized once per checkout.
+MODEL_CACHE = Path(os.environ.get("EAGLE3_MODEL_CACHE") or REPO_ROOT / "data" / "models")
+os.environ["EAGLE3_MODEL_CACHE"] = str(MODEL_CACHE)
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    from eagle3_assets.core.embedded_model import ensure_default_model
+
+    return ensure_default_model(MODEL_CACHE)
+
+
+@pytest.fixture(scope="session")
+def target_tokenizer(model_dir):
+    from eagle3_assets.core.tokens import TargetTokenizer
+
+    return TargetTokenizer.load(model_dir)
+
+
+@pytest.fixture(scope="session")
+def embedded(model_dir):
+    from eagle3_assets.core.embedded_model import EmbeddedModel
+
+    return EmbeddedModel(model_dir)
+
+
+@pytest.fixture
+def layout(tmp_path, monkeypatch) -> DataLayout:
+    root = tmp_path / "data"
+    monkeypatch.setenv("EAGLE3_HOME", str(root))
+    return DataLayout(root)
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        for r in rows:
+            fh.write((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n")
+    return path
+
+
+def small_prompts(n: int, prefix: str = "q") -> list[dict]:
+    topics = ["the moon", "bread", "rivers", "chess", "rain", "owls", "tea", "maps", "bees", "glass"]
+    return [
+        {"id": f"{prefix}{i}", "messages": [{"role": "user", "content": f"Say one short fact about {topics[i % len(topics)]}."}]}
+        for i in range(n)
+    ]
