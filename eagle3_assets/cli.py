@@ -66,12 +66,9 @@ def cmd_add_dataset(args) -> int:
         return 2
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dst)
-    os.environ.setdefault("DAGSTER_HOME", str(ensure_dagster_home(layout)))
-    from dagster import DagsterInstance
-
     from eagle3_assets.partitions import datasets_partitions
 
-    instance = DagsterInstance.get()
+    instance = _instance(layout)
     if not instance.has_dynamic_partition(datasets_partitions.name, name):
         instance.add_dynamic_partitions(datasets_partitions.name, [name])
     print(f"dataset {name!r}: {len(parsed.prompts)} prompts ({len(parsed.skipped)} bad rows) -> {dst}; partition added")
@@ -82,6 +79,21 @@ def cmd_demo(args) -> int:
     from eagle3_assets.demo import run_demo
 
     return run_demo(args.datasets or None)
+
+
+def _instance(layout: DataLayout):
+    os.environ.setdefault("DAGSTER_HOME", str(ensure_dagster_home(layout)))
+    from dagster import DagsterInstance
+
+    return DagsterInstance.get()
+
+
+def cmd_recover(args) -> int:
+    from eagle3_assets.runs import recover_dead_runs
+
+    ids = recover_dead_runs(_instance(DataLayout.from_env(args.root)))
+    print(f"recovered {len(ids)} dead run(s){': ' + ', '.join(ids) if ids else ''}")
+    return 0
 
 
 def cmd_paths(args) -> int:
@@ -118,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("datasets", nargs="*")
     p.set_defaults(fn=cmd_demo)
     sub.add_parser("paths", help="print where files live").set_defaults(fn=cmd_paths)
+    sub.add_parser("recover", help="fail runs whose process was killed and free their pool slots"
+                   ).set_defaults(fn=cmd_recover)
     p = sub.add_parser("ui", help="serve the Dagster webserver and daemon on 127.0.0.1")
     p.add_argument("--port", type=int, default=3000)
     p.set_defaults(fn=cmd_ui)

@@ -9,7 +9,6 @@ from eagle3_assets.assets.prompts import prompts
 from eagle3_assets.assets.responses import raw_responses
 from eagle3_assets.assets.tokens import token_ids
 from eagle3_assets.checks import ALL_CHECKS
-from eagle3_assets.partitions import datasets_partitions
 from resources import DatasetSettings, EmbeddedModelResource, StorageResource, TokenizerResource
 from sensors import prompt_files_sensor
 
@@ -18,7 +17,6 @@ DATA_ASSETS = [prompts, raw_responses, token_ids, inventory, merged_corpus]
 dataset_pipeline = dg.define_asset_job(
     "dataset_pipeline",
     selection=dg.AssetSelection.assets(*DATA_ASSETS),
-    partitions_def=datasets_partitions,
     description="One dataset from its prompt file to its merged corpus, checks included.",
 )
 

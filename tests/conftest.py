@@ -54,8 +54,8 @@ def write_jsonl(path: Path, rows) -> Path:
 
 
 def small_prompts(n: int, prefix: str = "q") -> list[dict]:
-    topics = ["the moon", "bread", "rivers", "chess", "rain", "owls", "tea", "maps", "bees", "glass"]
+    """Prompts the 135M model answers in a few tokens, so most responses end on a stop token."""
     return [
-        {"id": f"{prefix}{i}", "messages": [{"role": "user", "content": f"Say one short fact about {topics[i % len(topics)]}."}]}
+        {"id": f"{prefix}{i}", "messages": [{"role": "user", "content": f"What is {i + 2}+{i + 3}? Answer with a number only."}]}
         for i in range(n)
     ]

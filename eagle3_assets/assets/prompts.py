@@ -21,6 +21,8 @@ def read_prompt_table(path) -> list:
     """Prompts back from their Parquet table as (prompt_id, messages) objects."""
     from eagle3_assets.core.prompts import Prompt
 
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: materialize `prompts` for this dataset first")
     frame = pl.read_parquet(path)
     return [Prompt(r["prompt_id"], json.loads(r["messages"]), r["line"]) for r in frame.iter_rows(named=True)]
 

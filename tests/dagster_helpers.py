@@ -1,0 +1,37 @@
+"""Running the real graph in tests: a real instance, the real model, small settings."""
+
+import dagster as dg
+
+from eagle3_assets.checks import ALL_CHECKS
+from eagle3_assets.definitions import DATA_ASSETS, default_resources
+from eagle3_assets.partitions import datasets_partitions
+from resources import TokenizerResource
+
+
+def small_run_config(max_new_tokens: int = 16, **extra) -> dict:
+    return {"ops": {"raw_responses": {"config": {"max_new_tokens": max_new_tokens, "batch_size": 4, **extra}}}}
+
+
+def run_dataset(instance, dataset: str, *, run_config=None, resources=None, selection=None):
+    if not instance.has_dynamic_partition(datasets_partitions.name, dataset):
+        instance.add_dynamic_partitions(datasets_partitions.name, [dataset])
+    res = default_resources()
+    res.update(resources or {})
+    return dg.materialize(
+        [*DATA_ASSETS, *ALL_CHECKS], partition_key=dataset, instance=instance, resources=res,
+        run_config=small_run_config() if run_config is None else run_config, raise_on_error=False, selection=selection,
+    )
+
+
+def wrong_end_of_turn_tokenizer() -> TokenizerResource:
+    """The original pipeline's mistake: the wrong string configured as the end of a turn."""
+    res = default_resources()
+    return TokenizerResource(model=res["embedded_model"], end_of_turn="<|endoftext|>")
+
+
+def materialized(result, asset: str) -> bool:
+    return bool(result.asset_materializations_for_node(asset))
+
+
+def checks_by_name(result) -> dict:
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
