@@ -8,6 +8,7 @@ from eagle3_assets.assets.tokens import token_ids
 from eagle3_assets.core.inventory import response_frame, summarize, write_inventory
 from eagle3_assets.core.response_store import ResponseStore
 from eagle3_assets.metadata import md_table
+from eagle3_assets.plots import length_histogram
 from eagle3_assets.partitions import datasets_partitions
 from resources import DatasetSettings, StorageResource
 
@@ -26,13 +27,18 @@ SHOWN = ["source", "responses", "completion_tokens", "mean_len", "p50_len", "p95
 def inventory(context: dg.AssetExecutionContext, storage: StorageResource, dataset_settings: DatasetSettings) -> dg.MaterializeResult:
     dataset = context.partition_key
     layout = storage.layout
-    frame = response_frame(ResponseStore(layout.responses_dir(dataset)).rows())
+    responses = ResponseStore(layout.responses_dir(dataset)).rows()
+    frame = response_frame(responses)
     rows = summarize(dataset, frame, dataset_settings.budget_for(dataset))
     write_inventory(layout.metadata_db, dataset, rows)
     total = rows.filter(rows["source"] == "all").to_dicts()[0]
+    lengths: dict[str, list[int]] = {}
+    for r in responses:
+        lengths.setdefault(r["source"], []).append(r["completion_tokens"] or 0)
     return dg.MaterializeResult(
         metadata={
             "inventory": md_table(rows.to_dicts(), SHOWN),
+            "length_histogram": dg.MetadataValue.md(length_histogram(lengths, f"{dataset}: completion lengths")),
             "responses": total["responses"],
             "completion_tokens": total["completion_tokens"],
             "budget_tokens": total["budget_tokens"],
