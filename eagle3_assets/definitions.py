@@ -1,5 +1,6 @@
 """The code location: assets, checks, sensors, jobs and the default resources."""
 
+import os
 
 import dagster as dg
 
@@ -9,7 +10,14 @@ from eagle3_assets.assets.prompts import prompts
 from eagle3_assets.assets.responses import raw_responses
 from eagle3_assets.assets.tokens import token_ids
 from eagle3_assets.checks import ALL_CHECKS
-from resources import DatasetSettings, EmbeddedModelResource, StorageResource, TokenizerResource
+from resources import (
+    DatasetSettings,
+    EmbeddedModelResource,
+    OpenRouterResource,
+    SGLangResource,
+    StorageResource,
+    TokenizerResource,
+)
 from sensors import prompt_files_sensor
 
 DATA_ASSETS = [prompts, raw_responses, token_ids, inventory, merged_corpus]
@@ -28,6 +36,12 @@ def default_resources() -> dict:
         "embedded_model": model,
         "tokenizer": TokenizerResource(model=model),
         "dataset_settings": DatasetSettings(),
+        "sglang": SGLangResource(),
+        # EnvVar keeps the key out of the UI and run config; bound only when set, so runs that
+        # never call OpenRouter do not fail for want of a key.
+        "openrouter": OpenRouterResource(
+            api_key=dg.EnvVar("OPENROUTER_API_KEY") if os.environ.get("OPENROUTER_API_KEY") else ""
+        ),
     }
 
 

@@ -19,7 +19,8 @@ SOURCES = ("local", "sglang", "openrouter")
 RESPONSE_FIELDS = (
     "sample_id", "dataset", "prompt_id", "sample_index", "source", "model", "provider",
     "prompt_ids", "output_ids", "text", "reasoning", "finish_reason",
-    "prompt_tokens", "completion_tokens", "cost_usd", "latency_s", "attempts", "created_at",
+    "prompt_tokens", "completion_tokens", "reasoning_tokens", "cost_usd", "latency_s", "attempts", "created_at",
+    "native_finish_reason", "generation_id", "flags",
 )
 
 

@@ -36,6 +36,13 @@ class TargetTokenizer:
         return cls(tok, eot, lookup_token_id(tok, eot), str(path))
 
     @property
+    def name(self) -> str:
+        """The target's name as sample ids record it: the model directory's name."""
+        from pathlib import Path
+
+        return Path(self.source).name
+
+    @property
     def vocab_size(self) -> int:
         return len(self.tokenizer)
 

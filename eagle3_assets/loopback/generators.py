@@ -1,0 +1,135 @@
+"""What the loopback servers generate with: the real embedded model, or synthetic ids.
+
+``ModelGenerator`` runs :class:`EmbeddedModel.generate` on one worker thread and batches the
+requests that arrive while it is busy (grouped by sampling settings), so concurrent HTTP requests
+share forward passes the way a real server's continuous batching does, in miniature.
+
+``SyntheticGenerator`` is for load tests only: it returns deterministic fake token ids (a hash of
+the prompt) with no model at all. Its text says it is synthetic; never use it as data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+
+@dataclass
+class Output:
+    output_ids: list[int]  # the stop token included when generation stopped on one
+    finish_reason: str  # "stop" or "length"
+    text: str
+    prompt_tokens: int
+
+
+class ModelGenerator:
+    synthetic = False
+
+    def __init__(self, model, *, max_batch: int = 16):
+        self.model = model
+        self.name = model.name
+        self.stop_ids = list(model.stop_ids)
+        self.max_batch = max_batch
+        self.vocab_size = len(model.tokenizer)
+        self._queue: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self.batches = 0
+        self.max_batch_seen = 0
+
+    def render(self, messages: list[dict]) -> list[int]:
+        return self.model.render_prompt(messages)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.model.tokenizer.decode(ids, skip_special_tokens=True)
+
+    async def generate(self, prompt_ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,
+                       top_p: float = 1.0, seed: int = 0) -> Output:
+        if self._queue is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="loopback-model")
+            self._queue = asyncio.Queue()
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+        fut = asyncio.get_running_loop().create_future()
+        key = (max_new_tokens, float(temperature), float(top_p), int(seed) if temperature > 0 else 0)
+        await self._queue.put((key, list(prompt_ids), fut))
+        return await fut
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self._queue.get()
+            items = [first]
+            while len(items) < self.max_batch and not self._queue.empty():
+                items.append(self._queue.get_nowait())
+            groups: dict[tuple, list] = {}
+            for key, ids, fut in items:
+                groups.setdefault(key, []).append((ids, fut))
+            for (max_new, temp, top_p, seed), members in groups.items():
+                try:
+                    call = functools.partial(self.model.generate, [ids for ids, _ in members], max_new_tokens=max_new,
+                                             temperature=temp, top_p=top_p, seed=seed)
+                    outs = await loop.run_in_executor(self._pool, call)
+                    self.batches += 1
+                    self.max_batch_seen = max(self.max_batch_seen, len(members))
+                    for (ids, fut), g in zip(members, outs, strict=True):
+                        if not fut.done():
+                            fut.set_result(Output(list(g.output_ids), g.finish_reason, g.text, len(ids)))
+                except Exception as e:  # noqa: BLE001 - hand the failure to every waiting request
+                    for _, fut in members:
+                        if not fut.done():
+                            fut.set_exception(e)
+
+    async def aclose(self) -> None:
+        """Stop the batching loop (on the loop that runs it); the model itself stays loaded."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except BaseException:  # noqa: BLE001 - CancelledError expected
+                pass
+            self._task, self._queue = None, None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+class SyntheticGenerator:
+    """Deterministic fake ids for load tests (NOT model output)."""
+
+    synthetic = True
+    name = "synthetic-loopback"
+
+    def __init__(self, *, stop_id: int = 2, vocab_size: int = 49152):
+        self.stop_ids = [stop_id]
+        self.vocab_size = vocab_size
+
+    def render(self, messages: list[dict]) -> list[int]:
+        raw = json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
+        return [100 + int.from_bytes(raw[i:i + 4], "big") % (self.vocab_size - 100) for i in range(0, len(raw), 4)]
+
+    def decode(self, ids: list[int]) -> str:
+        return "[synthetic] " + " ".join(f"t{i}" for i in ids if i not in self.stop_ids)
+
+    async def generate(self, prompt_ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,
+                       top_p: float = 1.0, seed: int = 0) -> Output:
+        return self.generate_now(prompt_ids, max_new_tokens=max_new_tokens, seed=seed if temperature > 0 else 0)
+
+    def generate_now(self, prompt_ids: list[int], *, max_new_tokens: int, seed: int = 0) -> Output:
+        h = hashlib.sha256(json.dumps([prompt_ids[-64:], len(prompt_ids), seed]).encode()).digest()
+        span = max_new_tokens + max_new_tokens // 2
+        length = 1 + int.from_bytes(h[:4], "big") % max(1, span)
+        ids = [100 + (h[4 + (i % 28)] * 131 + i * 7919) % (self.vocab_size - 100)
+               for i in range(min(length, max_new_tokens))]
+        if length < max_new_tokens:
+            ids = ids[: length - 1] + [self.stop_ids[0]]
+            reason = "stop"
+        else:
+            reason = "length"
+        return Output(ids, reason, self.decode(ids), len(prompt_ids))
+
+    async def aclose(self) -> None:
+        pass
