@@ -157,6 +157,7 @@ class SGLangBackend:
             "created_at": now_iso(), "reasoning_tokens": meta.get("reasoning_tokens") or 0,
             "native_finish_reason": json.dumps(fr) if isinstance(fr, dict) else fr, "generation_id": meta.get("id"),
         })
+        row["flags"] = list(flags)
         return Parsed(outcome, row, 0.0, tuple(flags))
 
     async def preflight(self, client, base_urls) -> tuple[dict, Outcome | None]:
@@ -282,6 +283,7 @@ class OpenRouterBackend:
             "reasoning_tokens": details.get("reasoning_tokens") or 0, "native_finish_reason": c0.get("native_finish_reason"),
             "generation_id": data.get("id"),
         })
+        row["flags"] = list(flags)
         return Parsed(outcome, row, cost, tuple(flags))
 
     async def _key(self, client) -> tuple[int, dict | None]:

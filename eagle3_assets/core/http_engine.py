@@ -644,7 +644,7 @@ class _Run:
                     outcome = Outcome("fail", "unparseable_reply", message=f"{type(e).__name__}: {e}", status=status)
             cost = parsed.cost_usd if parsed is not None else None
             if outcome.ok:
-                row = dict(parsed.row, flags=list(parsed.flags))
+                row = parsed.row
                 self._settle(ticket, row.get("completion_tokens"))
                 for flag in parsed.flags:
                     self.report.flags[flag] += 1

@@ -82,6 +82,7 @@ def generate_local(
                     "text": gen.text, "reasoning": None, "finish_reason": gen.finish_reason,
                     "prompt_tokens": len(prompt_ids), "completion_tokens": len(gen.output_ids),
                     "cost_usd": 0.0, "latency_s": round(latency, 4), "attempts": 1, "created_at": now_iso(),
+                    "flags": [],
                 })
                 report.finish_reasons[gen.finish_reason] += 1
                 report.completion_tokens += len(gen.output_ids)
