@@ -35,3 +35,14 @@ def materialized(result, asset: str) -> bool:
 
 def checks_by_name(result) -> dict:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def run_hidden_states(instance, dataset: str, *, config: dict | None = None):
+    """``hidden_states`` and its integrity check for a dataset whose corpus exists."""
+    from eagle3_assets.assets.hidden_states import hidden_states, shard_integrity
+
+    return dg.materialize(
+        [*DATA_ASSETS, hidden_states, shard_integrity], partition_key=dataset, instance=instance,
+        resources=default_resources(), selection=["hidden_states"], raise_on_error=False,
+        run_config={"ops": {"hidden_states": {"config": config or {}}}},
+    )

@@ -1,0 +1,88 @@
+"""Which target layers EAGLE-3 captures, and what a layer id means.
+
+Ids follow SGLang/SpecForge: id ``k`` is the *output of decoder layer k* (0-based), i.e. the
+residual stream entering layer ``k + 1``. The default for a target with ``L`` layers is
+``[1, L//2 - 1, L - 4]`` (SpecForge ``resolve_eagle_capture_layers``; SGLang's own default
+``[2, L//2, L-3]`` counts "entering" layers and names the same tensors). vLLM/speculators ids
+are ours + 1. Getting this wrong silently trains a drafter on the wrong layers, so the manifest
+records the convention and the HF index each id was read from.
+
+Hugging Face ``output_hidden_states`` (verified on transformers 5.24, Llama, by
+``tests/test_hidden_states.py``): ``hidden_states[0]`` is the embeddings, ``hidden_states[k+1]``
+is the output of decoder layer ``k`` for ``k <= L-2``, and ``hidden_states[L]`` (= ``[-1]``) is
+*post-norm*: transformers 5 overwrites the last entry with ``last_hidden_state``
+(``capture_outputs(tie_last_hidden_states=True)``). The raw output of layer ``L-1`` is therefore
+not available there; the final state EAGLE-3 stores is that post-norm one, the lm_head input.
+"""
+
+from __future__ import annotations
+
+N_AUX = 3
+CONVENTION_NAME = "output_of_layer"
+
+
+def num_layers(config) -> int:
+    """Decoder layer count of an HF config (or a plain int), text config first for VLMs."""
+    if isinstance(config, int):
+        return config
+    text = getattr(config, "text_config", None) or config
+    n = getattr(text, "num_hidden_layers", None)
+    if n is None:
+        raise ValueError(f"{type(config).__name__} has no num_hidden_layers")
+    return int(n)
+
+
+def default_layer_ids(config) -> list[int]:
+    """SpecForge/SGLang default aux layers: outputs of layers ``[1, L//2 - 1, L - 4]``."""
+    n = num_layers(config)
+    if n < 5:
+        raise ValueError(f"EAGLE-3 default aux layers need at least 5 decoder layers, got {n}")
+    return [1, n // 2 - 1, n - 4]
+
+
+def resolve_layer_ids(config, override: list[int] | None = None) -> list[int]:
+    """Explicit ids win (e.g. a draft config's ``eagle_aux_hidden_state_layer_ids``), checked."""
+    n = num_layers(config)
+    ids = [int(i) for i in override] if override is not None else default_layer_ids(n)
+    if len(ids) != N_AUX:
+        raise ValueError(f"EAGLE-3 captures exactly {N_AUX} aux layers, got {ids}")
+    for i in ids:
+        if not 0 <= i < n:
+            raise ValueError(f"aux layer id {i} is outside 0..{n - 1} for a {n}-layer target")
+    if sorted(set(ids)) != ids:
+        raise ValueError(f"aux layer ids must be strictly increasing, got {ids}")
+    return ids
+
+
+def hf_hidden_states_index(layer_id: int, n_layers: int) -> int:
+    """Index into HF ``output_hidden_states`` holding the output of decoder layer ``layer_id``."""
+    if not 0 <= layer_id < n_layers:
+        raise ValueError(f"layer id {layer_id} is outside 0..{n_layers - 1}")
+    if layer_id == n_layers - 1:
+        raise ValueError(
+            f"the output of the last layer ({layer_id}) is not in HF hidden_states: transformers 5 "
+            "replaces hidden_states[-1] with the post-norm state; hook the layer instead"
+        )
+    return layer_id + 1
+
+
+def to_speculators_ids(layer_ids: list[int]) -> list[int]:
+    """The same layers in vLLM/speculators numbering (0 = embeddings)."""
+    return [i + 1 for i in layer_ids]
+
+
+def convention(layer_ids: list[int], n_layers: int) -> dict:
+    """The layer description recorded in the hidden-state manifest."""
+    return {
+        "aux_layer_ids": list(layer_ids),
+        "num_hidden_layers": n_layers,
+        "convention": CONVENTION_NAME,
+        "meaning": "id k = output of decoder layer k (0-based) = residual stream entering layer k+1",
+        "hf_hidden_states_index": [i + 1 if i < n_layers - 1 else None for i in layer_ids],
+        "sglang_layer_ids": list(layer_ids),
+        "speculators_layer_ids": to_speculators_ids(layer_ids),
+        "aux_layout": "concat of the aux layers along the feature axis, in id order: [T, 3H]",
+        "final": "post_norm",
+        "final_meaning": "model.norm(output of the last decoder layer): the lm_head input, "
+        "HF hidden_states[-1] in transformers 5",
+    }
