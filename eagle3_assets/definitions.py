@@ -5,6 +5,7 @@ import os
 import dagster as dg
 
 from eagle3_assets.assets.corpus import merged_corpus
+from eagle3_assets.assets.drafter import drafter_acceptance, drafter_checkpoint
 from eagle3_assets.assets.hidden_states import hidden_states, shard_integrity
 from eagle3_assets.assets.inventory import inventory
 from eagle3_assets.assets.prompts import prompts
@@ -47,11 +48,11 @@ def default_resources() -> dict:
 
 
 # GPU stages never start by themselves: they run when launched or backfilled.
-GPU_ASSETS = [hidden_states]
+GPU_ASSETS = [hidden_states, drafter_checkpoint]
 
 defs = dg.Definitions(
     assets=[*DATA_ASSETS, *GPU_ASSETS],
-    asset_checks=[*ALL_CHECKS, shard_integrity],
+    asset_checks=[*ALL_CHECKS, shard_integrity, drafter_acceptance],
     jobs=[dataset_pipeline],
     sensors=[prompt_files_sensor],
     resources=default_resources(),

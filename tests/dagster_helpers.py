@@ -46,3 +46,14 @@ def run_hidden_states(instance, dataset: str, *, config: dict | None = None):
         resources=default_resources(), selection=["hidden_states"], raise_on_error=False,
         run_config={"ops": {"hidden_states": {"config": config or {}}}},
     )
+
+
+def run_drafter(instance, recipe: str, *, config: dict | None = None):
+    from eagle3_assets.assets.drafter import drafter_acceptance, drafter_checkpoint
+    from eagle3_assets.assets.hidden_states import hidden_states
+
+    return dg.materialize(
+        [*DATA_ASSETS, hidden_states, drafter_checkpoint, drafter_acceptance], partition_key=recipe,
+        instance=instance, resources=default_resources(), selection=["drafter_checkpoint"], raise_on_error=False,
+        run_config={"ops": {"drafter_checkpoint": {"config": config or {"threads": 1}}}},
+    )

@@ -1,0 +1,193 @@
+"""``drafter_checkpoint``: an EAGLE-3 drafter per training recipe, trained on hidden-state shards.
+
+Training runs in a separate process launched through Dagster Pipes (``torchrun`` when more
+than one process is asked for), so the same trainer moves to a GPU cluster unchanged; the
+asset then measures acceptance length by real chain speculative decoding on held-out prompts.
+"""
+
+import base64
+import json
+import math
+import os
+import shutil
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+
+from eagle3_assets.assets.hidden_states import hidden_states
+from eagle3_assets.core.recipes import list_recipes, load_recipe
+from eagle3_assets.metadata import md_table
+from resources import EmbeddedModelResource, StorageResource
+
+recipe_partitions = dg.StaticPartitionsDefinition(list_recipes() or ["demo"])
+
+
+class DrafterTrainingConfig(dg.Config):
+    nproc_per_node: int = 1  # >1 launches torchrun with DDP (gloo on CPU, nccl on GPU)
+    threads: int = 0  # torch threads per process (0: torch's default)
+    device: str = "auto"
+    resume: bool = True
+
+
+def _train_split_sizes(layout, datasets: dict[str, float]) -> dict[str, int]:
+    sizes = {}
+    for name in datasets:
+        d = layout.hidden_states_dir(name)
+        if not (d / "manifest.json").exists():
+            raise FileNotFoundError(f"no hidden states for dataset {name!r} at {d}: materialize hidden_states[{name}] first")
+        index = pl.read_parquet(d / "index.parquet")
+        if "quarantined" in index.columns:
+            index = index.filter(~pl.col("quarantined"))
+        sizes[name] = index.filter(pl.col("split") == "train").height
+    return sizes
+
+
+def _eval_prompts(layout, datasets, limit: int) -> list[list[int]]:
+    """Prompt ids of the held-out split, taken round-robin across the recipe's datasets."""
+    per = []
+    for name in datasets:
+        corpus = pl.read_parquet(layout.corpus(name), columns=["input_ids", "prompt_len", "split"])
+        ev = corpus.filter(pl.col("split") == "eval")
+        per.append([ids[:n] for ids, n in zip(ev["input_ids"].to_list(), ev["prompt_len"].to_list())])
+    out = []
+    for i in range(max((len(p) for p in per), default=0)):
+        out += [p[i] for p in per if i < len(p)]
+    return out[:limit]
+
+
+def evaluate_drafter(model_dir: Path, export_dir: Path, prompts: list[list[int]], recipe) -> dict:
+    """Acceptance of the exported drafter (loaded from its files alone) and of an untrained one."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eagle3_assets.core.drafter_export import load_sglang
+    from eagle3_assets.core.drafter_model import read_target_embeddings
+    from eagle3_assets.core.spec_decode import evaluate_acceptance, greedy_generate, untrained_baseline
+
+    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    drafter = load_sglang(export_dir, read_target_embeddings(model_dir)).float().eval()
+    stop = target.generation_config.eos_token_id
+    stop = list(stop) if isinstance(stop, (list, tuple)) else [stop]
+    k, n = recipe.speculative_k, recipe.eval_max_new_tokens
+    greedy = [greedy_generate(target, p, max_new_tokens=n, stop_ids=stop) for p in prompts]
+    out = {}
+    for name, model in (("trained", drafter), ("untrained", untrained_baseline(drafter, seed=recipe.seed + 1))):
+        rep = evaluate_acceptance(target, model, prompts, k=k, max_new_tokens=n, stop_ids=stop, greedy_reference=greedy)
+        out[name] = {"acceptance_length": rep.acceptance_length, "acceptance_length_no_bonus": rep.acceptance_length_no_bonus,
+                     "per_position_rate": list(rep.per_position_rate), "verify_steps": rep.verify_steps,
+                     "matches_greedy": bool(rep.matches_greedy)}
+    out.update(prompts=len(prompts), k=k, max_new_tokens=n, floor=recipe.acceptance_floor)
+    return out
+
+
+@dg.asset(
+    partitions_def=recipe_partitions,
+    deps=[dg.AssetDep(hidden_states, partition_mapping=dg.AllPartitionMapping())],
+    group_name="gpu",
+    kinds={"pytorch", "safetensors"},
+    pool="gpu",
+    description="EAGLE-3 drafter trained on the recipe's hidden-state shards, exported for SGLang and vLLM.",
+)
+def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainingConfig, storage: StorageResource,
+                       embedded_model: EmbeddedModelResource) -> dg.MaterializeResult:
+    from eagle3_assets.core.drafter_train import TrainConfig
+
+    recipe = load_recipe(context.partition_key)
+    layout = storage.layout
+    out = layout.drafter_dir(recipe.name)
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = _train_split_sizes(layout, recipe.datasets)
+    samples = sum(w * sizes[d] for d, w in recipe.datasets.items())
+    train = TrainConfig.from_recipe(recipe, steps_per_epoch=max(1, math.ceil(samples / recipe.batch_size)))
+    model_dir = embedded_model.resolved_dir()
+    job = {
+        "target_dir": str(model_dir), "out_dir": str(out),
+        "features": [str(layout.hidden_states_dir(d)) for d in recipe.datasets],
+        "weights": [float(w) for w in recipe.datasets.values()],
+        "train": asdict(train), "draft_vocab_size": recipe.draft_vocab_size,
+        "intermediate_size": recipe.intermediate_size, "aux_layer_ids": recipe.aux_layer_ids,
+        "resume": config.resume, "threads": config.threads, "device": config.device,
+        "export": {"sglang": True, "vllm": True, "dtype": "bfloat16", "speculative_k": recipe.speculative_k},
+        "pipes_asset_key": "drafter_checkpoint",
+    }
+    job_path = out / "job.json"
+    job_path.write_text(json.dumps(job, indent=2))
+    trainer = [sys.executable, "-m", "eagle3_assets.core.drafter_train", "--config", str(job_path)]
+    if config.nproc_per_node > 1:
+        trainer = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={config.nproc_per_node}", "-m", "eagle3_assets.core.drafter_train",
+                   "--config", str(job_path)]
+    context.log.info(f"training {recipe.name}: {samples:.0f} samples per epoch, {train.max_steps} steps: {' '.join(trainer)}")
+    invocation = dg.PipesSubprocessClient().run(context=context, command=trainer, env=dict(os.environ))
+    pipes_meta = {}
+    for event in invocation.get_results():
+        if isinstance(event, dg.MaterializeResult) and event.metadata:
+            pipes_meta.update(event.metadata)
+    result = json.loads((out / "result.json").read_text())
+    if result.get("stopped_early"):
+        raise RuntimeError(f"training of {recipe.name} stopped before its last step; re-run to resume")
+
+    prompts = _eval_prompts(layout, recipe.datasets, recipe.eval_samples)
+    if not prompts:
+        raise ValueError(f"recipe {recipe.name}: its datasets have no held-out (eval) samples to measure acceptance on")
+    evaluation = evaluate_drafter(model_dir, out / "sglang", prompts, recipe)
+    (out / "eval.json").write_text(json.dumps(evaluation, indent=2))
+    t, u = evaluation["trained"], evaluation["untrained"]
+    context.log.info(f"acceptance length {t['acceptance_length']:.3f} (untrained {u['acceptance_length']:.3f}) on {len(prompts)} prompts")
+    curve = out / "training_curve.png"
+    positions = [{"position": i + 1, "trained": a, "untrained": b}
+                 for i, (a, b) in enumerate(zip(t["per_position_rate"], u["per_position_rate"]))]
+    return dg.MaterializeResult(
+        metadata={
+            "acceptance_length": t["acceptance_length"],
+            "acceptance_length_no_bonus": t["acceptance_length_no_bonus"],
+            "untrained_acceptance_length": u["acceptance_length"],
+            "acceptance_floor": recipe.acceptance_floor,
+            "matches_greedy": t["matches_greedy"],
+            "acceptance_per_position": md_table(positions),
+            "eval_prompts": len(prompts),
+            "train_samples_per_epoch": samples,
+            "steps": train.max_steps,
+            **{k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+            **pipes_meta,
+            "training_curve": dg.MetadataValue.md(
+                f"![training curve](data:image/png;base64,{base64.b64encode(curve.read_bytes()).decode()})"
+                if curve.exists() else "_(no curve)_"),
+            "sglang_export": dg.MetadataValue.path(str(out / "sglang")),
+            "vllm_export": dg.MetadataValue.path(str(out / "vllm")),
+        }
+    )
+
+
+@dg.asset_check(asset=drafter_checkpoint, blocking=True, partitions_def=recipe_partitions,
+                description="The SGLang export follows the serving contract, and speculative decoding on held-out "
+                            "prompts reaches the recipe's acceptance floor while reproducing greedy decoding.")
+def drafter_acceptance(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
+    from eagle3_assets.core.drafter_export import check_sglang_export
+
+    out = storage.layout.drafter_dir(context.partition_key)
+    problems = check_sglang_export(out / "sglang")
+    ev = json.loads((out / "eval.json").read_text()) if (out / "eval.json").exists() else None
+    if ev is None:
+        problems.append("no eval.json: the drafter was not evaluated")
+    else:
+        t = ev["trained"]
+        if t["acceptance_length"] < ev["floor"]:
+            problems.append(f"acceptance length {t['acceptance_length']:.3f} is below the floor {ev['floor']}")
+        if not t["matches_greedy"]:
+            problems.append("speculative decoding did not reproduce greedy decoding")
+    return dg.AssetCheckResult(
+        passed=not problems,
+        description="; ".join(problems) or f"acceptance length {ev['trained']['acceptance_length']:.3f} >= {ev['floor']}",
+        metadata={"acceptance_length": ev["trained"]["acceptance_length"] if ev else None,
+                  "untrained": ev["untrained"]["acceptance_length"] if ev else None,
+                  "floor": ev["floor"] if ev else None, "problems": md_table([{"problem": p} for p in problems])},
+    )
+
+
+def clear_drafter(layout, recipe: str) -> None:
+    """Remove a recipe's outputs (for a fresh training run)."""
+    shutil.rmtree(layout.drafter_dir(recipe), ignore_errors=True)

@@ -1,0 +1,444 @@
+"""The drafter core: vocabulary map, model, training (resume, DDP), exports, speculative decoding.
+
+Features come from the real embedded target (greedy answers to short prompts); the drafter is
+tiny (draft vocab 512, intermediate 256) so the whole module stays around a minute on 2 cores.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3_assets.core.drafter_export import export_sglang, export_vllm, load_vllm
+from eagle3_assets.core.drafter_model import (
+    DrafterConfig, KVCache, build_drafter, read_target_config, read_target_embeddings, read_target_lm_head,
+)
+from eagle3_assets.core.drafter_train import (
+    FeatureBatches, Teacher, TrainConfig, add_target_ids, collate, load_checkpoint, latest_checkpoint, save_features,
+    train,
+)
+from eagle3_assets.core.recipes import RecipeError, list_recipes, load_recipe, parse_recipe
+from eagle3_assets.core.spec_decode import evaluate_acceptance, greedy_generate, target_features, untrained_baseline
+from eagle3_assets.core.vocab_map import (
+    StaleVocabMapError, build_vocab_map, check_vocab_map, count_tokens, counts_hash, load_or_build_vocab_map,
+)
+from eagle3_assets.paths import REPO_ROOT
+
+pytestmark = pytest.mark.model
+
+DRAFT_VOCAB = 512
+LAYER_IDS = [1, 14, 26]
+QUESTIONS = [f"What is {a}+{b}? Answer with a number only." for a, b in [(2, 3), (7, 5), (10, 4), (6, 9), (12, 8)]] + [
+    "Name three colors.", "What is the capital of France?", "Say hello in Spanish.", "List two fruits.",
+    "What is water made of?", "Name a large ocean.", "What color is the sky?", "Give me a synonym for happy.",
+    "How many legs does a spider have?", "What is the opposite of cold?", "Name a planet.",
+    "What do bees make?", "Spell the word cat backwards.", "What is 3 times 4?", "Name a musical instrument.",
+]
+HELD_OUT = ["What is the capital of Italy?", "Name two animals.", "What is 5+6? Answer with a number only."]
+SGLANG_WEIGHTS = {
+    "fc.weight", "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
+    "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight", "midlayer.post_attention_layernorm.weight",
+    "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight",
+    "norm.weight", "lm_head.weight", "d2t", "t2d",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Two busy cores run small matmuls far faster with one torch thread than with two."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def corpus(embedded):
+    prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in QUESTIONS]
+    gens = embedded.generate(prompts, max_new_tokens=24)
+    seqs = [p + g.output_ids for p, g in zip(prompts, gens)]
+    masks = [[0] * len(p) + [1] * len(g.output_ids) for p, g in zip(prompts, gens)]
+    return seqs, masks
+
+
+@pytest.fixture(scope="module")
+def features(embedded, corpus):
+    return target_features(embedded.model, *corpus, LAYER_IDS)
+
+
+@pytest.fixture(scope="module")
+def target(model_dir):
+    return {"config": read_target_config(model_dir), "embed": read_target_embeddings(model_dir),
+            "head": read_target_lm_head(model_dir).float()}
+
+
+@pytest.fixture(scope="module")
+def vmap(features, target):
+    counts = count_tokens(((s["input_ids"], s["loss_mask"]) for s in features), target["config"]["vocab_size"])
+    return build_vocab_map(counts, DRAFT_VOCAB)
+
+
+@pytest.fixture(scope="module")
+def dcfg(target):
+    return DrafterConfig.from_target(target["config"], draft_vocab_size=DRAFT_VOCAB, intermediate_size=256)
+
+
+@pytest.fixture(scope="module")
+def teacher(target, vmap):
+    return Teacher(target["head"], vmap)
+
+
+@pytest.fixture(scope="module")
+def samples(features, teacher):
+    return add_target_ids(features, teacher)
+
+
+def small_cfg(**kw) -> TrainConfig:
+    base = dict(max_steps=6, batch_size=4, ttt_steps=2, lr=3e-3, warmup_steps=2, checkpoint_every=3,
+                max_length=64, progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def trained(dcfg, target, vmap, samples, teacher, tmp_path_factory):
+    model = build_drafter(dcfg, target["embed"], vmap, seed=0)
+    out = tmp_path_factory.mktemp("trained")
+    cfg = small_cfg(max_steps=40, ttt_steps=3, warmup_steps=3, checkpoint_every=40)
+    result = train(cfg, model, FeatureBatches(samples, 4, seed=0), teacher, out)
+    return model.eval(), result
+
+
+# ----------------------------------------------------------------------------- vocabulary map
+
+
+def test_vocab_map_top_n_ties_and_fill():
+    counts = torch.zeros(10, dtype=torch.int64)
+    counts[[7, 3, 5, 1]] = torch.tensor([5, 5, 9, 1])
+    vm = build_vocab_map(counts, 3)
+    assert vm.target_ids.tolist() == [3, 5, 7]  # 5 (9), then the 3-7 tie broken by the lower id first
+    assert vm.d2t.dtype == torch.int64 and vm.t2d.dtype == torch.bool
+    assert (torch.arange(3) + vm.d2t).tolist() == [3, 5, 7]
+    assert vm.t2d.nonzero().flatten().tolist() == [3, 5, 7]
+    tie = build_vocab_map(counts, 4)  # 1 (count 1) beats every unseen id
+    assert tie.target_ids.tolist() == [1, 3, 5, 7]
+    fill = build_vocab_map(counts, 6)  # fewer seen ids than N: the lowest unseen ids fill up
+    assert fill.target_ids.tolist() == [0, 1, 2, 3, 5, 7]
+    assert build_vocab_map(counts.clone(), 3).source_hash == vm.source_hash
+
+
+def test_vocab_map_from_data_is_keyed_and_never_stale(features, vmap, tmp_path):
+    v = vmap.target_vocab_size
+    counts = count_tokens(((s["input_ids"], s["loss_mask"]) for s in features), v)
+    check_vocab_map(vmap, source_hash=counts_hash(counts), draft_vocab_size=DRAFT_VOCAB, target_vocab_size=v)
+    supervised = set(torch.cat([s["input_ids"][s["loss_mask"].bool()] for s in features]).tolist())
+    assert len(supervised) < DRAFT_VOCAB and supervised <= set(vmap.target_ids.tolist())
+    assert int(vmap.t2d.sum()) == DRAFT_VOCAB
+
+    stored = load_or_build_vocab_map(tmp_path, counts, DRAFT_VOCAB)
+    assert (tmp_path / vmap.file_name()).exists() and torch.equal(stored.d2t, vmap.d2t)
+    assert torch.equal(load_or_build_vocab_map(tmp_path, counts, DRAFT_VOCAB).t2d, vmap.t2d)  # reused
+    other = counts.clone()
+    other[int(vmap.target_ids[0])] += 1000  # other data: another key, another file
+    rebuilt = load_or_build_vocab_map(tmp_path, other, DRAFT_VOCAB)
+    assert rebuilt.source_hash != vmap.source_hash and len(list(tmp_path.glob("vocab_map-*"))) == 2
+    with pytest.raises(StaleVocabMapError, match="built from data"):
+        check_vocab_map(vmap, source_hash=counts_hash(other))
+    with pytest.raises(StaleVocabMapError, match="draft tokens"):
+        check_vocab_map(vmap, draft_vocab_size=DRAFT_VOCAB * 2)
+    # a file whose contents do not match its key is refused
+    (tmp_path / rebuilt.file_name()).replace(tmp_path / vmap.file_name())
+    with pytest.raises(StaleVocabMapError):
+        load_or_build_vocab_map(tmp_path, counts, DRAFT_VOCAB)
+
+
+# ----------------------------------------------------------------------------- recipes
+
+
+def test_recipes_load_and_errors_name_file_and_field(tmp_path):
+    assert "demo" in list_recipes()
+    demo = load_recipe("demo")
+    assert demo.name == "demo" and set(demo.datasets) == {"general", "coding", "math"}
+    assert demo.epochs and demo.max_steps is None and demo.ttt_steps >= demo.speculative_k
+    good = (REPO_ROOT / "recipes" / "demo.toml").read_text()
+    cases = {
+        "typo": ("lr = 1e-3\n" + good, "field 'lr'"),  # duplicate key: TOML itself refuses
+        "unknown": ("lrate = 1.0\n" + good, "field 'lrate': unknown field"),
+        "badtype": (good.replace("batch_size = 4", 'batch_size = "four"'), "field 'batch_size': must be an integer"),
+        "both": ("max_steps = 10\n" + good, "field 'max_steps': set exactly one"),
+        "weight": (good.replace("math = 1.0", "math = -1"), "field 'datasets.math'"),
+        "named": ('name = "other"\n' + good, "field 'name'"),
+    }
+    for stem, (text, expected) in cases.items():
+        path = tmp_path / f"{stem}.toml"
+        path.write_text(text)
+        with pytest.raises(RecipeError) as err:
+            parse_recipe(path)
+        assert str(path) in str(err.value)
+        if stem != "typo":
+            assert expected in str(err.value)
+    with pytest.raises(RecipeError, match="no recipe named 'nope'"):
+        load_recipe("nope")
+    cfg = TrainConfig.from_recipe(demo, steps_per_epoch=10)
+    assert cfg.max_steps == int(demo.epochs * 10) and cfg.ttt_steps == demo.ttt_steps
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def test_drafter_shapes_names_and_ttt_matches_chain_decoding(dcfg, target, vmap, features):
+    model = build_drafter(dcfg, target["embed"], vmap, seed=3).eval()
+    h, n = dcfg.hidden_size, DRAFT_VOCAB
+    assert set(model.trainable_state_dict()) == SGLANG_WEIGHTS
+    assert not model.embed_tokens.weight.requires_grad
+    assert model.fc.weight.shape == (h, 3 * h) and model.midlayer.self_attn.q_proj.weight.shape[1] == 2 * h
+    s = features[0]
+    ids, aux = s["input_ids"][None], s["aux_hidden"][None]
+    with torch.no_grad():
+        out = model(ids, aux, ttt_steps=3)
+        assert [tuple(o.shape) for o in out] == [(1, ids.shape[1], n)] * 3
+        # Training-time test == real chain decoding: entries 0..t from target features, then the
+        # drafter's own hidden for 2 more tokens at positions t+1, t+2.
+        for t in (0, 5, ids.shape[1] - 4):
+            cache = KVCache()
+            hid = model.step(ids[:, 1: t + 2], model.project_aux(aux[:, : t + 1]), torch.arange(t + 1)[None], cache)
+            hid = hid[:, -1:]
+            assert torch.allclose(model.logits(hid)[0, 0], out[0][0, t], atol=1e-4)
+            for step in (1, 2):
+                hid = model.step(ids[:, t + 1 + step: t + 2 + step], hid, torch.tensor([[t + step]]), cache)
+                assert torch.allclose(model.logits(hid)[0, 0], out[step][0, t], atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def test_tiny_training_lowers_the_loss(trained):
+    model, result = trained
+    first = result.metrics[0]
+    last = result.metrics[-5:]
+    assert sum(m["loss"] for m in last) / 5 < 0.6 * first["loss"]
+    assert sum(m["acc_per_step"][0] for m in last) / 5 > first["acc_per_step"][0] + 0.2
+    assert len(first["loss_per_step"]) == len(first["acc_per_step"]) == 3
+    assert result.curve_path.stat().st_size > 1000 and result.curve_path.read_bytes()[:4] == b"\x89PNG"
+    assert len(json.loads(result.metrics_path.read_text())) == 40
+    assert 0 <= result.data_share < 0.5 and result.tokens_per_s > 0
+
+
+def test_exact_resume(dcfg, target, vmap, samples, teacher, tmp_path):
+    cfg = small_cfg()  # 6 steps over 5 batches per epoch: crosses an epoch boundary
+    straight = build_drafter(dcfg, target["embed"], vmap, seed=1)
+    a = train(cfg, straight, FeatureBatches(samples, 4, seed=0), teacher, tmp_path / "a")
+
+    resumed = build_drafter(dcfg, target["embed"], vmap, seed=1)
+    crashed = train(cfg, resumed, FeatureBatches(samples, 4, seed=0), teacher, tmp_path / "b",
+                    stop_after=4, vocab_hash=vmap.source_hash)  # dies one step after the step-3 checkpoint
+    assert crashed.stopped_early and load_checkpoint(latest_checkpoint(tmp_path / "b"))["step"] == 3
+    with pytest.raises(StaleVocabMapError):
+        train(cfg, resumed, FeatureBatches(samples, 4, seed=0), teacher, tmp_path / "b", vocab_hash="0" * 64)
+    fresh = build_drafter(dcfg, target["embed"], vmap, seed=99)  # state comes from the checkpoint only
+    b = train(cfg, fresh, FeatureBatches(samples, 4, seed=0), teacher, tmp_path / "b", vocab_hash=vmap.source_hash)
+
+    assert a.steps == b.steps == 6
+    for (name, pa), pb in zip(straight.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(pa, pb), name
+    assert [m["loss"] for m in a.metrics] == [m["loss"] for m in b.metrics]
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("step-*.pt")) == \
+        ["step-00000003.pt", "step-00000006.pt"]
+
+
+def test_trainer_takes_a_plain_iterable_of_shard_style_batches(dcfg, target, vmap, features, teacher, tmp_path):
+    """Batches as the shard reader pads them: bf16 states, extra keys, no precomputed targets."""
+    batches = []
+    for i in range(0, 8, 4):
+        b = collate(features[i: i + 4])
+        b["aux_hidden"], b["last_hidden"] = b["aux_hidden"].bfloat16(), b["last_hidden"].bfloat16()
+        b["position_ids"] = (b["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        b["sample_ids"] = [f"s{i + j}" for j in range(4)]
+        batches.append(b)
+    model = build_drafter(dcfg, target["embed"], vmap, seed=0)
+    result = train(small_cfg(max_steps=3, checkpoint_every=10), model, batches, teacher, tmp_path)
+    assert result.steps == 3 and [m["epoch"] for m in result.metrics] == [0, 0, 1]
+    assert all(m["positions"][0] > 0 for m in result.metrics)
+
+
+def _pipes_env(tmp_path: Path) -> tuple[dict, Path]:
+    from dagster_pipes import encode_env_var
+
+    messages = tmp_path / "pipes-messages.jsonl"
+    context = {"asset_keys": ["drafter_checkpoint"], "code_version_by_asset_key": None,
+               "provenance_by_asset_key": None, "partition_key": "demo", "partition_key_range": None,
+               "partition_time_window": None, "run_id": "test-run", "job_name": None, "retry_number": 0,
+               "extras": {}}
+    env = {"DAGSTER_PIPES_CONTEXT": encode_env_var({"data": context}),
+           "DAGSTER_PIPES_MESSAGES": encode_env_var({"path": str(messages)})}
+    return env, messages
+
+
+def test_torchrun_two_processes_match_one_and_report_through_pipes(model_dir, features, tmp_path):
+    feats = save_features(tmp_path / "features.safetensors", features)
+    jobs = {}
+    for name in ("single", "ddp"):
+        jobs[name] = tmp_path / f"{name}.json"
+        jobs[name].write_text(json.dumps({
+            "target_dir": str(model_dir), "features": [str(feats)], "out_dir": str(tmp_path / name),
+            "train": {"max_steps": 3, "batch_size": 4, "ttt_steps": 2, "lr": 3e-3, "warmup_steps": 1,
+                      "checkpoint_every": 3, "max_length": 64, "progress": False},
+            "draft_vocab_size": DRAFT_VOCAB, "intermediate_size": 256, "threads": 1, "device": "auto",
+            "export": {"sglang": True, "vllm": False, "dtype": "bfloat16"} if name == "single" else None,
+        }))
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
+    pipes_env, messages = _pipes_env(tmp_path)
+    module = ["-m", "eagle3_assets.core.drafter_train", "--config"]
+    procs = {
+        "single": subprocess.Popen([sys.executable, *module, str(jobs["single"])], env={**base_env, **pipes_env},
+                                   cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+        "ddp": subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                                 *module, str(jobs["ddp"])],
+                                env={**base_env, "OMP_NUM_THREADS": "1"}, cwd=REPO_ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+    }
+    for name, p in procs.items():
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, f"{name} failed:\n{out[-3000:]}"
+
+    single, ddp = (json.loads((tmp_path / n / "result.json").read_text()) for n in ("single", "ddp"))
+    assert (single["world_size"], ddp["world_size"], single["steps"], ddp["steps"]) == (1, 2, 3, 3)
+    assert single["vocab_map"] == ddp["vocab_map"]
+    sa = load_checkpoint(latest_checkpoint(tmp_path / "single"))
+    sb = load_checkpoint(latest_checkpoint(tmp_path / "ddp"))
+    for name, pa in sa["model"].items():
+        # Adam moves each weight by up to ~lr per step; float reduction order must stay far below that.
+        assert torch.allclose(pa.float(), sb["model"][name].float(), rtol=1e-4, atol=1e-4), name
+    for ma, mb in zip(sa["metrics"], sb["metrics"]):
+        assert ma["tokens"] == mb["tokens"] and ma["positions"] == mb["positions"]
+        assert ma["loss"] == pytest.approx(mb["loss"], rel=1e-4)
+    assert (Path(single["sglang_dir"]) / "model.safetensors").exists()
+
+    sent = [json.loads(line) for line in messages.read_text().splitlines()]
+    methods = [m["method"] for m in sent]
+    assert methods[0] == "opened" and methods[-1] == "closed" and "log" in methods
+    [mat] = [m for m in sent if m["method"] == "report_asset_materialization"]
+    meta = mat["params"]["metadata"]
+    assert meta["steps"]["raw_value"] == 3 and meta["world_size"]["raw_value"] == 1
+
+
+# ----------------------------------------------------------------------------- exports
+
+
+def test_sglang_export_layout(trained, target, tmp_path):
+    from safetensors import safe_open
+
+    model, _ = trained
+    cfg = model.config
+    out = export_sglang(model, tmp_path / "sglang", dtype="bfloat16")
+    c = json.loads((out / "config.json").read_text())
+    assert c["architectures"] == ["LlamaForCausalLMEagle3"] and c["model_type"] == "llama"
+    assert c["num_hidden_layers"] == 1 and c["draft_vocab_size"] == DRAFT_VOCAB
+    tc = target["config"]
+    assert (c["vocab_size"], c["max_position_embeddings"], c["hidden_size"]) == \
+        (tc["vocab_size"], tc["max_position_embeddings"], tc["hidden_size"])
+    assert (c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]) == (9, 3, 256)
+    assert c["rope_theta"] == tc["rope_parameters"]["rope_theta"] and "rope_scaling" in c
+    assert c["rms_norm_eps"] == tc["rms_norm_eps"] and c["torch_dtype"] == "bfloat16"
+    assert c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == LAYER_IDS
+    h, i, n, v = cfg.hidden_size, 256, DRAFT_VOCAB, tc["vocab_size"]
+    shapes = {"fc.weight": (h, 3 * h), "midlayer.self_attn.q_proj.weight": (9 * 64, 2 * h),
+              "midlayer.self_attn.k_proj.weight": (3 * 64, 2 * h), "midlayer.self_attn.v_proj.weight": (3 * 64, 2 * h),
+              "midlayer.self_attn.o_proj.weight": (h, 9 * 64), "midlayer.mlp.gate_proj.weight": (i, h),
+              "midlayer.mlp.up_proj.weight": (i, h), "midlayer.mlp.down_proj.weight": (h, i),
+              "midlayer.input_layernorm.weight": (h,), "midlayer.hidden_norm.weight": (h,),
+              "midlayer.post_attention_layernorm.weight": (h,), "norm.weight": (h,), "lm_head.weight": (n, h),
+              "d2t": (n,), "t2d": (v,)}
+    with safe_open(str(out / "model.safetensors"), framework="pt") as fh:
+        assert set(fh.keys()) == SGLANG_WEIGHTS  # no embed_tokens
+        for k in fh.keys():
+            t = fh.get_tensor(k)
+            assert tuple(t.shape) == shapes[k], k
+            assert t.dtype == {"d2t": torch.int64, "t2d": torch.bool}.get(k, torch.bfloat16), k
+        assert int(fh.get_tensor("t2d").sum()) == n
+        assert torch.equal(fh.get_tensor("d2t") + torch.arange(n), model.d2t + torch.arange(n))
+
+
+def test_vllm_export_layout(trained, model_dir, tmp_path):
+    from safetensors import safe_open
+
+    model, _ = trained
+    out = export_vllm(model, tmp_path / "vllm", dtype="bfloat16", verifier=str(model_dir), speculative_tokens=3)
+    c = json.loads((out / "config.json").read_text())
+    assert c["speculators_model_type"] == "eagle3" and c["architectures"] == ["Eagle3Speculator"]
+    assert c["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in LAYER_IDS]  # vLLM numbering
+    assert not any(c[f] for f in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"))
+    assert c["transformer_layer_config"]["num_hidden_layers"] == 1
+    sc = c["speculators_config"]
+    assert sc["proposal_methods"][0]["speculative_tokens"] == 3
+    assert sc["verifier"]["architectures"] == ["LlamaForCausalLM"]
+    with safe_open(str(out / "model.safetensors"), framework="pt") as fh:
+        keys = set(fh.keys())
+    expected = {k.replace("midlayer.", "layers.0.") for k in SGLANG_WEIGHTS} | {"embed_tokens.weight"}
+    assert keys == expected
+
+
+def test_exports_load_in_a_fresh_process(trained, samples, model_dir, tmp_path):
+    from safetensors.torch import save_file
+
+    model, _ = trained
+    export_sglang(model, tmp_path / "sglang", dtype="float32")
+    export_vllm(model, tmp_path / "vllm", dtype="float32", verifier=str(model_dir))
+    s = samples[1]
+    with torch.no_grad():
+        expected = model(s["input_ids"][None], s["aux_hidden"][None], ttt_steps=3)
+    save_file({"input_ids": s["input_ids"][None].contiguous(), "aux": s["aux_hidden"][None].contiguous(),
+               **{f"out{i}": o.contiguous() for i, o in enumerate(expected)}}, str(tmp_path / "io.safetensors"))
+    script = textwrap.dedent(f"""
+        import torch
+        from safetensors.torch import load_file
+        from eagle3_assets.core.drafter_export import load_sglang, load_vllm
+        from eagle3_assets.core.drafter_model import read_target_embeddings
+        io = load_file({str(tmp_path / 'io.safetensors')!r})
+        models = {{"sglang": load_sglang({str(tmp_path / 'sglang')!r}, read_target_embeddings({str(model_dir)!r})),
+                   "vllm": load_vllm({str(tmp_path / 'vllm')!r})}}
+        for name, m in models.items():
+            with torch.no_grad():
+                out = m(io["input_ids"], io["aux"], ttt_steps=3)
+            for i, o in enumerate(out):
+                assert torch.equal(o, io[f"out{{i}}"]), (name, i, (o - io[f"out{{i}}"]).abs().max())
+            print(name, "ok")
+    """)
+    res = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split() == ["sglang", "ok", "vllm", "ok"]
+    # the loaders also refuse what they cannot serve faithfully
+    cfg_path = tmp_path / "vllm" / "config.json"
+    c = json.loads(cfg_path.read_text())
+    del c["norm_before_residual"]  # vLLM would default it to True
+    cfg_path.write_text(json.dumps(c))
+    with pytest.raises(ValueError, match="norm_before_residual"):
+        load_vllm(tmp_path / "vllm")
+
+
+# ----------------------------------------------------------------------------- speculative decoding
+
+
+def test_speculative_decoding_equals_greedy(trained, embedded):
+    model, _ = trained
+    prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in HELD_OUT[:2]] + \
+        [embedded.render_prompt([{"role": "user", "content": QUESTIONS[5]}])]  # one seen in training
+    greedy = [greedy_generate(embedded.model, p, max_new_tokens=16, stop_ids=embedded.stop_ids) for p in prompts]
+    reports = {}
+    for name, drafter in (("trained", model), ("untrained", untrained_baseline(model, seed=0))):
+        rep = evaluate_acceptance(embedded.model, drafter, prompts, k=3, max_new_tokens=16,
+                                  stop_ids=embedded.stop_ids, greedy_reference=greedy)
+        assert rep.matches_greedy, (name, rep.outputs, greedy)
+        assert rep.acceptance_length == pytest.approx(1 + rep.acceptance_length_no_bonus)
+        assert sum(rep.accepted_histogram) == rep.verify_steps > 0
+        assert rep.per_position_rate == sorted(rep.per_position_rate, reverse=True)
+        assert 1 <= rep.tokens_per_verification <= rep.acceptance_length + 1e-9
+        reports[name] = rep
+    assert reports["trained"].outputs == reports["untrained"].outputs
+    assert reports["trained"].acceptance_length > reports["untrained"].acceptance_length
