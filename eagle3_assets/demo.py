@@ -11,9 +11,13 @@ from eagle3_assets.paths import REPO_ROOT, DataLayout, ensure_dagster_home
 
 DEMO_PROMPTS = REPO_ROOT / "demo" / "prompts"
 
-# Sized for a 2-core CPU: 96 prompts x up to 192 new tokens at ~100 tokens/s in batches of 16.
+# Sized for a 2-core CPU: 96 prompts x up to 128 new tokens at ~100 tokens/s in batches of 16.
+HIDDEN_RUN_CONFIG = {"ops": {"hidden_states": {"config": {}}}, "loggers": {"console": {"config": {"log_level": "INFO"}}}}
+DRAFTER_RUN_CONFIG = {"ops": {"drafter_checkpoint": {"config": {}}},
+                      "loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
 DEMO_RUN_CONFIG = {
-    "ops": {"raw_responses": {"config": {"max_new_tokens": 192, "batch_size": 16}}},
+    "ops": {"raw_responses": {"config": {"max_new_tokens": 128, "batch_size": 16}}},
     "loggers": {"console": {"config": {"log_level": "INFO"}}},
 }
 
@@ -30,10 +34,65 @@ def install_demo_prompts(layout: DataLayout) -> list[str]:
     return names
 
 
+def _report(result, label: str, t0: float) -> bool:
+    from dagster import AssetCheckSeverity
+
+    checks = result.get_asset_check_evaluations()
+    print(f"=== {label}: {'ok' if result.success else 'FAILED'} in {time.perf_counter() - t0:.0f}s "
+          f"(run {result.run_id[:8]}); checks passed {sum(c.passed for c in checks)}/{len(checks)}", flush=True)
+    for c in checks:
+        if not c.passed:
+            kind = "warning" if c.severity == AssetCheckSeverity.WARN else "FAILED"
+            print(f"    check {c.check_name} {kind}: {c.description}")
+    return result.success
+
+
+def run_gpu_stages(instance, names: list[str], layout) -> list[str]:
+    """Hidden states for each demo dataset, then the demo drafter; returns what failed."""
+    import json
+
+    failed = []
+    for name in names:
+        t0 = time.perf_counter()
+        print(f"\n=== hidden_states[{name}]: prefill the corpus through the target, write shards", flush=True)
+        result = materialize_selection(instance, ["hidden_states"], name, HIDDEN_RUN_CONFIG)
+        if not _report(result, f"hidden_states[{name}]", t0):
+            failed.append(f"hidden_states[{name}]")
+    if failed:
+        return failed
+    t0 = time.perf_counter()
+    print("\n=== drafter_checkpoint[demo]: train through Dagster Pipes, export, measure acceptance", flush=True)
+    result = materialize_selection(instance, ["drafter_checkpoint"], "demo", DRAFTER_RUN_CONFIG)
+    if not _report(result, "drafter_checkpoint[demo]", t0):
+        return ["drafter_checkpoint[demo]"]
+    ev = json.loads((layout.drafter_dir("demo") / "eval.json").read_text())
+    t, u = ev["trained"], ev["untrained"]
+    print(f"\nAcceptance length on {ev['prompts']} held-out prompts (k={ev['k']}, SGLang convention: accepted + 1 "
+          f"per verification): trained {t['acceptance_length']:.3f}, untrained baseline {u['acceptance_length']:.3f}; "
+          f"without the bonus token {t['acceptance_length_no_bonus']:.3f}; per position "
+          f"{', '.join(f'{r:.2f}' for r in t['per_position_rate'])}; equals greedy decoding: {t['matches_greedy']}")
+    return []
+
+
+def materialize_selection(instance, selection: list[str], partition: str, run_config: dict):
+    """One run of the selected assets (and their checks) for one partition, recorded in the instance."""
+    import dagster as dg
+
+    from eagle3_assets.assets.drafter import drafter_acceptance
+    from eagle3_assets.assets.hidden_states import shard_integrity
+    from eagle3_assets.definitions import DATA_ASSETS, GPU_ASSETS, default_resources
+
+    return dg.materialize(
+        [*DATA_ASSETS, *GPU_ASSETS, shard_integrity, drafter_acceptance], selection=selection,
+        partition_key=partition, instance=instance, resources=default_resources(), run_config=run_config,
+        raise_on_error=False,
+    )
+
+
 def run_demo(datasets: list[str] | None = None, run_config: dict | None = None) -> int:
     layout = DataLayout.from_env()
     os.environ.setdefault("DAGSTER_HOME", str(ensure_dagster_home(layout)))
-    from dagster import AssetCheckSeverity, DagsterInstance
+    from dagster import DagsterInstance
 
     from eagle3_assets.cli import print_inventory
     from eagle3_assets.definitions import dataset_pipeline, defs
@@ -41,6 +100,10 @@ def run_demo(datasets: list[str] | None = None, run_config: dict | None = None) 
 
     names = datasets or install_demo_prompts(layout)
     instance = DagsterInstance.get()
+    from eagle3_assets.runs import recover_dead_runs
+
+    for run_id in recover_dead_runs(instance):  # an earlier demo killed mid-run holds pool slots
+        print(f"marked dead run {run_id[:8]} failed and freed its pool slots")
     known = set(instance.get_dynamic_partitions(datasets_partitions.name))
     instance.add_dynamic_partitions(datasets_partitions.name, [n for n in names if n not in known])
     job = defs.resolve_job_def(dataset_pipeline.name)
@@ -51,22 +114,17 @@ def run_demo(datasets: list[str] | None = None, run_config: dict | None = None) 
         result = job.execute_in_process(
             partition_key=name, instance=instance, run_config=run_config or DEMO_RUN_CONFIG, raise_on_error=False
         )
-        status = "ok" if result.success else "FAILED"
-        checks = result.get_asset_check_evaluations()
-        passed = sum(1 for c in checks if c.passed)
-        print(f"=== {name}: {status} in {time.perf_counter() - t0:.0f}s (run {result.run_id[:8]}); "
-              f"checks passed {passed}/{len(checks)}", flush=True)
-        for c in checks:
-            if not c.passed:
-                kind = "warning" if c.severity == AssetCheckSeverity.WARN else "FAILED"
-                print(f"    check {c.check_name} {kind}: {c.description}")
+        _report(result, name, t0)
         if not result.success:
             failed.append(name)
+    if not failed and datasets is None:
+        failed += run_gpu_stages(instance, names, layout)
     print()
     print_inventory(layout)
     print(f"\nData root: {layout.root}")
     for label, path in [("prompts", layout.prompts_dir), ("responses", layout.root / "responses"),
                         ("token ids", layout.root / "tokens"), ("corpus", layout.root / "corpus"),
+                        ("hidden states", layout.root / "hidden_states"), ("drafter", layout.drafter_dir("demo")),
                         ("inventory", layout.metadata_db), ("Dagster instance", layout.dagster_home)]:
         print(f"  {label:<17} {path}")
     print("\nOpen the UI with `make ui` and browse http://127.0.0.1:3000 (Assets -> Lineage; each run is under Runs).")
