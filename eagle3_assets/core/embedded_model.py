@@ -8,10 +8,8 @@ directory (weights, tokenizer, chat template) that every later load reads direct
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,12 +162,3 @@ class EmbeddedModel:
             results.append(Generation(output, reason, text))
         return results
 
-
-def timed(fn, *args, **kwargs):
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t0
-
-
-def default_threads() -> int:
-    return int(os.environ.get("EAGLE3_TORCH_THREADS", "0"))
