@@ -48,7 +48,8 @@ def test_definitions_load_and_validate_through_workspace_yaml(layout):
 def test_graph_shape():
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == {"prompts", "raw_responses", "token_ids", "inventory", "merged_corpus", "hidden_states"}
+    assert keys == {"prompts", "raw_responses", "token_ids", "inventory", "merged_corpus", "hidden_states",
+                    "drafter_checkpoint"}
     blocking = {c.name for c in defs.resolve_asset_graph().asset_check_keys}
     assert {"special_tokens_valid", "reconstruction_consistency", "token_budget", "corpus_integrity",
-            "shard_integrity"} <= blocking
+            "shard_integrity", "drafter_acceptance"} <= blocking
