@@ -29,34 +29,45 @@ def _rows(con, sql: str, params: list) -> list[dict]:
 
 
 @dg.asset_check(asset=token_ids, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
-                description="End-of-turn ids decode to the configured string and end every stopped turn; "
+                description="End-of-turn ids decode to the configured string, match the chat template's turn end "
+                            "and end every stopped turn; "
                             "ids in vocabulary range; no special ids inside re-tokenized text.")
 def special_tokens_valid(context: dg.AssetCheckExecutionContext, storage: StorageResource,
                          tokenizer: TokenizerResource) -> dg.AssetCheckResult:
     tok = tokenizer.load()
     path = str(storage.layout.tokens(context.partition_key))
+    with storage.query() as con:
+        return special_token_result(tok, con, path)
+
+
+def special_token_result(tok, con, path: str) -> dg.AssetCheckResult:
+    """The body of ``special_tokens_valid``: ``tok`` a ``TargetTokenizer``, ``con`` a DuckDB
+    connection, ``path`` the token Parquet file (callable without a Dagster context)."""
     eot, eot_id = tok.end_of_turn, tok.end_of_turn_id
     decoded = tok.decode([eot_id])
     specials = sorted(tok.special_ids)
-    with storage.query() as con:
-        total = con.execute("SELECT count(*) FROM read_parquet(?)", [path]).fetchone()[0]
-        wrong_end = _rows(con, """
-            SELECT sample_id, source, input_ids[len(input_ids)] AS last_id FROM read_parquet(?)
-            WHERE finish_reason = 'stop' AND (len(input_ids) = 0 OR input_ids[len(input_ids)] <> ?)""",
-            [path, eot_id])
-        out_of_range = _rows(con, """
-            SELECT sample_id, source, list_min(input_ids) AS min_id, list_max(input_ids) AS max_id
-            FROM read_parquet(?) WHERE list_min(input_ids) < 0 OR list_max(input_ids) >= ?""",
-            [path, tok.vocab_size])
-        special_in_text = _rows(con, """
-            SELECT sample_id, source FROM read_parquet(?)
-            WHERE built_from = 'retokenized' AND list_has_any(
-                input_ids[prompt_len + 1 : len(input_ids) - CASE WHEN finish_reason = 'stop' THEN 1 ELSE 0 END],
-                ?::INTEGER[])""",
-            [path, specials])
+    turn_end = tok.template_turn_end()
+    total = con.execute("SELECT count(*) FROM read_parquet(?)", [path]).fetchone()[0]
+    wrong_end = _rows(con, """
+        SELECT sample_id, source, input_ids[len(input_ids)] AS last_id FROM read_parquet(?)
+        WHERE finish_reason = 'stop' AND (len(input_ids) = 0 OR input_ids[len(input_ids)] <> ?)""",
+        [path, eot_id])
+    out_of_range = _rows(con, """
+        SELECT sample_id, source, list_min(input_ids) AS min_id, list_max(input_ids) AS max_id
+        FROM read_parquet(?) WHERE list_min(input_ids) < 0 OR list_max(input_ids) >= ?""",
+        [path, tok.vocab_size])
+    special_in_text = _rows(con, """
+        SELECT sample_id, source FROM read_parquet(?)
+        WHERE built_from = 'retokenized' AND list_has_any(
+            input_ids[prompt_len + 1 : len(input_ids) - CASE WHEN finish_reason = 'stop' THEN 1 ELSE 0 END],
+            ?::INTEGER[])""",
+        [path, specials])
     problems = []
     if decoded != eot:
         problems.append(f"end-of-turn id {eot_id} decodes to {decoded!r}, not {eot!r}")
+    if turn_end is not None and turn_end[1] != eot_id:
+        problems.append(f"the chat template closes assistant turns with {turn_end[0]!r} = id {turn_end[1]}, "
+                        f"but end_of_turn is configured as {eot!r} = id {eot_id}")
     if wrong_end:
         seen = sorted({r["last_id"] for r in wrong_end if r["last_id"] is not None})
         names = ", ".join(f"{i} ({tok.decode([i])!r})" for i in seen[:5])
@@ -76,6 +87,7 @@ def special_tokens_valid(context: dg.AssetCheckExecutionContext, storage: Storag
         description="; ".join(problems) or f"{total} rows end their turns with {eot!r} = {eot_id}",
         metadata={
             "rows": total, "end_of_turn": eot, "end_of_turn_id": eot_id, "decoded": decoded,
+            "template_turn_end": "unknown" if turn_end is None else f"{turn_end[0]} = {turn_end[1]}",
             "vocab_size": tok.vocab_size, "wrong_end": len(wrong_end), "out_of_range": len(out_of_range),
             "special_in_text": len(special_in_text), "offending_rows": md_table(offending),
         },

@@ -1,4 +1,10 @@
-"""``token_ids``: token-exact training sequences with loss masks and agreement figures."""
+"""``token_ids``: token-exact training sequences with loss masks and agreement figures.
+
+Only the final (generated) assistant turn is supervised: the loss mask covers the completion,
+never the prompt, whatever turns the prompt holds. ``built_from`` says where each completion came
+from (``native``: the backend's ids; ``retokenized``: rebuilt from text and reasoning), and
+``build_notes`` how (see ``eagle3_assets.core.tokens``).
+"""
 
 
 import dagster as dg
@@ -18,7 +24,7 @@ TOKEN_SCHEMA = {
     "source": pl.Utf8, "model": pl.Utf8, "finish_reason": pl.Utf8,
     "input_ids": pl.List(pl.Int32), "loss_mask": pl.List(pl.Int8),
     "prompt_len": pl.Int32, "completion_len": pl.Int32, "text_len": pl.Int32,
-    "native_ids": pl.Boolean, "built_from": pl.Utf8,
+    "native_ids": pl.Boolean, "built_from": pl.Utf8, "build_notes": pl.Utf8,
     "retok_matched": pl.Int32, "retok_total": pl.Int32, "retok_exact": pl.Boolean, "retok_diff": pl.Utf8,
 }
 
@@ -35,6 +41,15 @@ def agreement_summary(frame: pl.DataFrame) -> dict:
     }
 
 
+class TokenIdsConfig(dg.Config):
+    """``max_length``: longest training sequence; 0 means the model's context (``config.json``
+    ``max_position_embeddings``) when known, else no limit. A longer sequence fails the step with
+    the sample id and its lengths unless ``truncate``, which cuts the completion at the limit."""
+
+    max_length: int = 0
+    truncate: bool = False
+
+
 @dg.asset(
     partitions_def=datasets_partitions,
     deps=[raw_responses],
@@ -42,12 +57,15 @@ def agreement_summary(frame: pl.DataFrame) -> dict:
     kinds={"parquet"},
     description="Prompt ids + output ids per sample, loss mask on assistant tokens, re-tokenization agreement.",
 )
-def token_ids(context: dg.AssetExecutionContext, storage: StorageResource, tokenizer: TokenizerResource) -> dg.MaterializeResult:
+def token_ids(context: dg.AssetExecutionContext, config: TokenIdsConfig, storage: StorageResource,
+              tokenizer: TokenizerResource) -> dg.MaterializeResult:
     dataset = context.partition_key
     layout = storage.layout
     tok = tokenizer.load()
     messages = {p.prompt_id: p.messages for p in read_prompt_table(layout.prompt_table(dataset))}
-    rows = [build_token_row(r, messages.get(r["prompt_id"]), tok) for r in ResponseStore(layout.responses_dir(dataset)).iter_rows()]
+    max_length = config.max_length or None  # None: the model's context
+    rows = [build_token_row(r, messages.get(r["prompt_id"]), tok, max_length=max_length, truncate=config.truncate)
+            for r in ResponseStore(layout.responses_dir(dataset)).iter_rows()]
     frame = pl.DataFrame(rows, schema=TOKEN_SCHEMA) if rows else pl.DataFrame(schema=TOKEN_SCHEMA)
     out = layout.tokens(dataset)
     write_parquet_atomic(frame, out)
@@ -67,6 +85,9 @@ def token_ids(context: dg.AssetExecutionContext, storage: StorageResource, token
             "by_source": md_table(by_source),
             "retokenization_diffs": md_table(diffs),
             "end_of_turn": f"{tok.end_of_turn} = {tok.end_of_turn_id}",
+            "thinking": str(tok.thinking),
+            "max_length": max_length or tok.context_length or 0,
+            "truncated_rows": int(frame["build_notes"].str.contains("truncated").sum() or 0) if frame.height else 0,
             "path": dg.MetadataValue.path(str(out)),
         }
     )

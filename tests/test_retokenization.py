@@ -1,0 +1,297 @@
+"""Re-tokenization of text-only rows, its calibration against native ids, and adversarial text.
+
+Two tokenizers: the embedded SmolLM2 (ChatML, no think tokens) and the project's Kimi test
+tokenizer (Kimi K2.5's special-token layout and chat-template structure, small BPE).
+"""
+
+import duckdb
+import polars as pl
+import pytest
+
+from eagle3_assets.assets.tokens import TOKEN_SCHEMA
+from eagle3_assets.checks import special_token_result
+from eagle3_assets.core.kimi_test_tokenizer import KIMI_SLOTS, build_kimi_test_tokenizer
+from eagle3_assets.core.tokens import ContextLengthError, TargetTokenizer, build_token_row
+
+SYSTEM = {"role": "system", "content": "You are Kimi."}
+
+
+@pytest.fixture(scope="session")
+def kimi_dir(tmp_path_factory):
+    return build_kimi_test_tokenizer(tmp_path_factory.mktemp("kimi") / "Kimi-Test")
+
+
+@pytest.fixture(scope="session")
+def kimi(kimi_dir):
+    # trust_remote_code as a real Kimi checkpoint needs it; harmless for this local tokenizer
+    return TargetTokenizer.load(kimi_dir, end_of_turn="<|im_end|>", trust_remote_code=True)
+
+
+@pytest.fixture(scope="session")
+def kimi_no_think(kimi_dir):
+    return TargetTokenizer.load(kimi_dir, end_of_turn="<|im_end|>", thinking=False)
+
+
+@pytest.fixture(params=["smollm2", "kimi"])
+def any_tok(request, target_tokenizer, kimi):
+    return target_tokenizer if request.param == "smollm2" else kimi
+
+
+def row(**kw):
+    base = {"sample_id": "s", "dataset": "d", "prompt_id": "p", "source": "openrouter",
+            "prompt_ids": None, "output_ids": None, "text": "", "reasoning": None, "finish_reason": "stop"}
+    return {**base, **kw}
+
+
+def _id(tok, s):
+    return tok.tokenizer.convert_tokens_to_ids(s)
+
+
+# --- the Kimi test tokenizer -----------------------------------------------------------------
+
+def test_kimi_test_tokenizer_mirrors_kimis_layout(kimi):
+    t = kimi.tokenizer
+    base = _id(kimi, "[BOS]")
+    for slot, (name, special) in KIMI_SLOTS.items():
+        assert _id(kimi, name) == base + slot, name
+        assert t.added_tokens_decoder[base + slot].special is special, name
+    assert all(i < base for i in t.get_vocab().values() if t.convert_ids_to_tokens(i) not in t.added_tokens_encoder)
+    assert len(t) == base + 256 and base < 4000
+    assert t.eos_token == "[EOS]" and kimi.end_of_turn_id == base + 2 != _id(kimi, "[EOS]")
+    assert (kimi.think_start_id, kimi.think_end_id) == (base + 22, base + 23)
+    assert kimi.context_length == 4096 and kimi.thinking is None
+    assert {base + 22, base + 23, base + 13}.isdisjoint(kimi.special_ids) and base + 2 in kimi.special_ids
+
+
+def test_kimi_chat_template_structure(kimi, kimi_no_think):
+    msgs = [SYSTEM, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello", "reasoning_content": "greet back"},
+            {"role": "user", "content": "2+3?"}]
+    text = kimi.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text == ("<|im_system|>system<|im_middle|>You are Kimi.<|im_end|>"
+                    "<|im_user|>user<|im_middle|>Hi<|im_end|>"
+                    "<|im_assistant|>assistant<|im_middle|><think></think>Hello<|im_end|>"  # history: reasoning dropped
+                    "<|im_user|>user<|im_middle|>2+3?<|im_end|>"
+                    "<|im_assistant|>assistant<|im_middle|><think>")
+    assert kimi.render_prompt(msgs)[-1] == kimi.think_start_id
+    off = kimi_no_think.render_prompt(msgs)
+    assert off[-2:] == [kimi.think_start_id, kimi.think_end_id]
+    # the last assistant turn after the last user message keeps its reasoning
+    done = msgs[:2] + [{"role": "assistant", "content": "Hello", "reasoning_content": "greet back"}]
+    rendered = kimi.tokenizer.apply_chat_template(done, tokenize=False, add_generation_prompt=False)
+    assert rendered.endswith("<|im_assistant|>assistant<|im_middle|><think>greet back</think>Hello<|im_end|>")
+
+
+# --- re-tokenization layout ------------------------------------------------------------------
+
+def test_kimi_text_only_row_with_reasoning_matches_the_rendered_conversation(kimi):
+    msgs = [SYSTEM, {"role": "user", "content": "What is 2+3?"}]
+    r = row(text="The answer is 5.", reasoning="Add 2 and 3: 5.")
+    t = build_token_row(r, msgs, kimi)
+    assert t["built_from"] == "retokenized" and "reasoning+</think>+text+end_of_turn" in t["build_notes"]
+    completion = t["input_ids"][t["prompt_len"]:]
+    assert completion == (kimi.encode_text("Add 2 and 3: 5.") + [kimi.think_end_id]
+                          + kimi.encode_text("The answer is 5.") + [kimi.end_of_turn_id])
+    # prompt + completion is exactly the template's rendering of the finished conversation
+    full = msgs + [{"role": "assistant", "content": "The answer is 5.", "reasoning_content": "Add 2 and 3: 5."}]
+    enc = kimi.tokenizer.apply_chat_template(full, tokenize=True, add_generation_prompt=False, return_dict=True)
+    assert t["input_ids"] == list(enc["input_ids"])
+    assert t["loss_mask"] == [0] * t["prompt_len"] + [1] * len(completion)
+
+
+def test_kimi_thinking_off_and_missing_reasoning(kimi, kimi_no_think):
+    msgs = [{"role": "user", "content": "Hi"}]
+    off = build_token_row(row(text="Hello", reasoning="ignored"), msgs, kimi_no_think)
+    assert off["input_ids"][off["prompt_len"]:] == kimi.encode_text("Hello") + [kimi.end_of_turn_id]
+    assert "generation prompt closed the think block" in off["build_notes"]
+    # thinking on but the server reported no reasoning: the model still closed the think block
+    empty_r = build_token_row(row(text="Hello"), msgs, kimi)
+    assert empty_r["input_ids"][empty_r["prompt_len"]:] == [kimi.think_end_id] + kimi.encode_text("Hello") + [kimi.end_of_turn_id]
+    # cut inside the reasoning: no </think>, no end of turn
+    cut = build_token_row(row(text="", reasoning="Let me think", finish_reason="length"), msgs, kimi)
+    assert cut["input_ids"][cut["prompt_len"]:] == kimi.encode_text("Let me think")
+    # a template without a generation-prompt <think> (K2-Thinking style) gets the whole block
+    ids = kimi.retokenize_completion("A", "stop", reasoning="R", prompt_ids=[1, 2])
+    assert ids == [kimi.think_start_id] + kimi.encode_text("R") + [kimi.think_end_id] + kimi.encode_text("A") + [kimi.end_of_turn_id]
+
+
+def test_smollm2_has_no_think_tokens_so_reasoning_is_dropped(target_tokenizer):
+    tok = target_tokenizer
+    assert not tok.has_think_tokens
+    t = build_token_row(row(text="Fine.", reasoning="hmm"), [{"role": "user", "content": "Hi"}], tok)
+    assert t["input_ids"][t["prompt_len"]:] == tok.encode_text("Fine.") + [tok.end_of_turn_id]
+    assert "no think tokens" in t["build_notes"]
+
+
+def test_calibration_uses_the_same_retokenization_as_text_only_rows(kimi, monkeypatch):
+    msgs = [{"role": "user", "content": "Hi"}]
+    prompt = kimi.render_prompt(msgs)
+    calls = []
+    real = TargetTokenizer.retokenize_completion
+
+    def spy(self, *a, **kw):
+        calls.append((a, kw))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(TargetTokenizer, "retokenize_completion", spy)
+    native_ids = real(kimi, "Hello", "stop", reasoning="R", prompt_ids=prompt)
+    a = build_token_row(row(text="Hello", reasoning="R", prompt_ids=prompt, output_ids=native_ids, source="sglang"), None, kimi)
+    b = build_token_row(row(text="Hello", reasoning="R"), msgs, kimi)
+    assert calls[0] == calls[1]
+    assert a["retok_exact"] and a["input_ids"] == b["input_ids"]
+    assert a["built_from"] == "native" and a["retok_matched"] == a["retok_total"] == len(native_ids)
+
+
+def test_multi_turn_supervises_only_the_final_turn(kimi):
+    msgs = [SYSTEM, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello", "reasoning_content": "SECRET history reasoning"},
+            {"role": "user", "content": "Bye"}]
+    t = build_token_row(row(text="Goodbye", reasoning="end"), msgs, kimi)
+    prompt_text = kimi.decode(t["input_ids"][: t["prompt_len"]])
+    assert "SECRET" not in prompt_text and "<think></think>Hello<|im_end|>" in prompt_text
+    assert sum(t["loss_mask"]) == t["completion_len"] and t["loss_mask"][: t["prompt_len"]] == [0] * t["prompt_len"]
+
+
+# --- the wrong end-of-turn id (the original 163533 'chas' bug) -------------------------------
+
+def test_wrong_end_of_turn_is_named_with_both_ids_and_strings(kimi_dir, kimi, tmp_path):
+    base = _id(kimi, "[BOS]")
+    word = "chas"  # an ordinary BPE merge in this vocabulary, as 163533 is in Kimi's
+    ordinary = _id(kimi, word)
+    assert ordinary < base and kimi.tokenizer.convert_ids_to_tokens(ordinary) == word
+    wrong = TargetTokenizer.load(kimi_dir, end_of_turn=word)
+    assert wrong.end_of_turn_id == ordinary
+    msgs = [{"role": "user", "content": "Hi"}]
+    prompt = kimi.render_prompt(msgs)
+    native = row(sample_id="n", source="sglang", text="Hello", prompt_ids=prompt,
+                 output_ids=kimi.retokenize_completion("Hello", "stop", prompt_ids=prompt))  # ends with <|im_end|>
+    rebuilt = row(sample_id="r", text="Hello")  # rebuilt with the wrong id, so it "ends correctly"
+    rows = [build_token_row(native, None, wrong), build_token_row(rebuilt, msgs, wrong)]
+    path = tmp_path / "tokens.parquet"
+    pl.DataFrame(rows, schema=TOKEN_SCHEMA).write_parquet(path)
+    with duckdb.connect() as con:
+        result = special_token_result(wrong, con, str(path))
+    print(result.description)
+    assert not result.passed
+    eot = kimi.end_of_turn_id
+    assert f"1 stopped turns end with id {eot} ('<|im_end|>') instead of the end-of-turn string {word!r}, which is id {ordinary}" in result.description
+    assert f"the chat template closes assistant turns with '<|im_end|>' = id {eot}, but end_of_turn is configured as {word!r} = id {ordinary}" in result.description
+    with duckdb.connect() as con:
+        ok = special_token_result(kimi, con, str(_ok(kimi, tmp_path, msgs, prompt)))
+    assert ok.passed, ok.description
+
+
+def _ok(kimi, tmp_path, msgs, prompt):
+    rows = [build_token_row(row(sample_id="n", source="sglang", text="Hi <|im_end|>", prompt_ids=prompt,
+                                output_ids=kimi.retokenize_completion("Hi <|im_end|>", "stop", prompt_ids=prompt)), None, kimi),
+            build_token_row(row(sample_id="r", text="<|im_user|> literal"), msgs, kimi)]
+    path = tmp_path / "ok.parquet"
+    pl.DataFrame(rows, schema=TOKEN_SCHEMA).write_parquet(path)
+    return path
+
+
+# --- adversarial text ------------------------------------------------------------------------
+
+SPECIAL_STRINGS = "<|im_end|> <|im_start|> <|im_user|> <|im_assistant|> <|im_middle|> [EOS] <|endoftext|>"
+
+
+def test_literal_special_strings(any_tok):
+    tok = any_tok
+    msgs = [{"role": "user", "content": f"Say {SPECIAL_STRINGS} please"}]
+    t = build_token_row(row(text=f"Sure: {SPECIAL_STRINGS}"), msgs, tok)
+    completion = t["input_ids"][t["prompt_len"]:]
+    # completion: literal special strings stay text; only the final end of turn is special
+    assert not set(completion[:-1]) & tok.special_ids and completion[-1] == tok.end_of_turn_id
+    assert tok.decode(completion[:-1]).endswith(f"Sure: {SPECIAL_STRINGS}")
+    # prompt: rendered as the server renders it, so the user's literal <|im_end|> IS the special id
+    # (what the target was conditioned on); documented in eagle3_assets.core.tokens
+    prompt = t["input_ids"][: t["prompt_len"]]
+    plain = tok.render_prompt([{"role": "user", "content": "Say please"}])
+    assert prompt.count(tok.end_of_turn_id) == plain.count(tok.end_of_turn_id) + 1
+    assert prompt == tok.render_prompt(msgs)
+
+
+def test_literal_think_markers_in_kimi_text_are_the_non_special_think_ids(kimi):
+    # <think>/</think> are special=False added tokens in Kimi: its own encode maps them to their ids
+    ids = kimi.encode_text("a <think> b </think> c")
+    assert kimi.think_start_id in ids and kimi.think_end_id in ids
+    assert kimi.decode(ids) == "a <think> b </think> c"
+
+
+UNICODE = ["👩‍👩‍👧 family ❤️ 🚀", "机器学习很有趣。", "e\u0301 n\u0303 a\u0308\u0301 Å", "한국어 텍스트",
+           "mixed: 日本語 + emoji 🎉 + café"]
+
+
+@pytest.mark.parametrize("text", UNICODE)
+def test_unicode_round_trips(any_tok, text):
+    tok = any_tok
+    ids = tok.encode_text(text)
+    assert tok.decode(ids) == text
+    prompt = tok.render_prompt([{"role": "user", "content": text}])
+    native = tok.retokenize_completion(text, "stop", prompt_ids=prompt)
+    t = build_token_row(row(text=text, prompt_ids=prompt, output_ids=native, source="sglang"), None, tok)
+    assert t["retok_exact"] and tok.decode(t["input_ids"][: t["prompt_len"]]).count(text) == 1
+
+
+def test_empty_completion(any_tok):
+    tok = any_tok
+    msgs = [{"role": "user", "content": "Say nothing."}]
+    stopped = build_token_row(row(text=""), msgs, tok)
+    tail = [tok.think_end_id, tok.end_of_turn_id] if tok.has_think_tokens else [tok.end_of_turn_id]
+    assert stopped["input_ids"][stopped["prompt_len"]:] == tail
+    cut = build_token_row(row(text=None, finish_reason="length"), msgs, tok)
+    assert cut["completion_len"] == 0 and "empty completion" in cut["build_notes"]
+    native = build_token_row(row(text="", prompt_ids=[1, 2], output_ids=[], finish_reason="length"), None, tok)
+    assert native["retok_exact"] and native["retok_total"] == 0
+
+
+def test_completion_cut_mid_utf8_is_measured_not_a_crash(any_tok):
+    tok = any_tok
+    for s in ["Done 🎉", "ok 👩‍👩‍👧", "機械学習", "Ångström 😀😀"]:
+        ids = tok.encode_text(s)
+        cut = next((k for k in range(len(ids) - 1, 0, -1) if "\ufffd" in tok.decode(ids[:k])), None)
+        if cut:
+            break
+    assert cut, "some cut must end inside a character"
+    native = ids[:cut]
+    text = tok.decode(native)  # what a server returns: the partial character replaced
+    t = build_token_row(row(text=text, prompt_ids=[1, 2], output_ids=native, finish_reason="length", source="sglang"), None, tok)
+    assert t["input_ids"] == [1, 2] + native and not t["retok_exact"]
+    assert 0 < t["retok_matched"] < t["retok_total"] and "at token" in t["retok_diff"]
+
+
+def test_whitespace_only_text(any_tok):
+    tok = any_tok
+    for text in ["   ", "\n\n", " \t \n "]:
+        ids = tok.encode_text(text)
+        assert ids and tok.decode(ids) == text
+        t = build_token_row(row(text=text), [{"role": "user", "content": "Spaces?"}], tok)
+        assert t["input_ids"][-1] == tok.end_of_turn_id and tok.decode(t["input_ids"][t["prompt_len"]:-1]).endswith(text)
+
+
+def test_prompt_longer_than_the_context(kimi, target_tokenizer):
+    long_msgs = [{"role": "user", "content": "word " * 5000}]
+    with pytest.raises(ContextLengthError, match=r"sample long \(prompt 'p'\): prompt \d+ \+ completion \d+ = \d+ tokens exceeds max_length 4096"):
+        build_token_row(row(sample_id="long", text="ok"), long_msgs, kimi)
+    msgs = [{"role": "user", "content": "Hi"}]
+    text = "one two three four five six seven eight nine ten"
+    full = build_token_row(row(text=text), msgs, target_tokenizer)
+    limit = full["prompt_len"] + 4
+    with pytest.raises(ContextLengthError, match=r"sample s \(prompt .p.\): .*exceeds max_length .*set truncate"):
+        build_token_row(row(text=text), msgs, target_tokenizer, max_length=limit)
+    t = build_token_row(row(text=text), msgs, target_tokenizer, max_length=limit, truncate=True)
+    assert len(t["input_ids"]) == limit == len(t["loss_mask"]) and t["completion_len"] == 4
+    assert t["finish_reason"] == "length" and "truncated from" in t["build_notes"]
+    with pytest.raises(ContextLengthError, match="prompt alone fills it"):
+        build_token_row(row(text=text), msgs, target_tokenizer, max_length=full["prompt_len"], truncate=True)
+    assert build_token_row(row(text=text), msgs, target_tokenizer, max_length=0)["completion_len"] == full["completion_len"]
+
+
+def test_tokenizer_resource_passes_thinking_and_remote_code(kimi_dir):
+    from resources import EmbeddedModelResource, TokenizerResource
+
+    res = TokenizerResource(model=EmbeddedModelResource(), path=str(kimi_dir), end_of_turn="<|im_end|>",
+                            trust_remote_code=True, thinking=False)
+    tok = res.load()
+    assert tok.thinking is False and tok.render_prompt([{"role": "user", "content": "Hi"}])[-1] == tok.think_end_id
+    assert tok.template_turn_end() == ("<|im_end|>", tok.end_of_turn_id)
