@@ -85,7 +85,93 @@ def _instance(layout: DataLayout):
     os.environ.setdefault("DAGSTER_HOME", str(ensure_dagster_home(layout)))
     from dagster import DagsterInstance
 
-    return DagsterInstance.get()
+    from eagle3_assets.runs import ensure_pool_limits
+
+    instance = DagsterInstance.get()
+    ensure_pool_limits(instance)
+    return instance
+
+
+THROUGH = {
+    "merged_corpus": ["prompts", "raw_responses", "token_ids", "inventory", "merged_corpus"],
+    "hidden_states": ["prompts", "raw_responses", "token_ids", "inventory", "merged_corpus", "hidden_states"],
+}
+
+
+def cmd_materialize(args) -> int:
+    """One in-process run of a dataset's stages, recorded in the instance (visible in the UI)."""
+    layout = DataLayout.from_env(args.root)
+    name = check_dataset_name(args.dataset)
+    if not layout.prompt_source(name).exists():
+        print(f"no prompt file {layout.prompt_source(name)}; add one with `eagle3 add-dataset`", file=sys.stderr)
+        return 2
+    instance = _instance(layout)
+    from eagle3_assets.demo import _report, materialize_selection
+    from eagle3_assets.partitions import datasets_partitions
+
+    if not instance.has_dynamic_partition(datasets_partitions.name, name):
+        instance.add_dynamic_partitions(datasets_partitions.name, [name])
+    run_config = {
+        "ops": {"raw_responses": {"config": {"max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size}}},
+        "loggers": {"console": {"config": {"log_level": "INFO"}}},
+    }
+    import time
+
+    t0 = time.perf_counter()
+    result = materialize_selection(instance, THROUGH[args.through], name, run_config)
+    ok = _report(result, f"{name} through {args.through}", t0)
+    return 0 if ok else 1
+
+
+def cmd_backfill(args) -> int:
+    """A partition backfill submitted to a running webserver (its daemon runs it)."""
+    from eagle3_assets.graphql_client import DagsterWebserver, WebserverError
+
+    names = [check_dataset_name(n) for n in args.datasets]
+    assets = [a.strip() for a in args.assets.split(",") if a.strip()]
+    run_config = None
+    if args.max_new_tokens:
+        run_config = {"ops": {"raw_responses": {"config": {"max_new_tokens": args.max_new_tokens}}}}
+    server = DagsterWebserver(args.url)
+    try:
+        for n in names:
+            server.add_partition(n)
+        backfill_id = server.launch_backfill(names, assets, run_config)
+    except WebserverError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"backfill {backfill_id}: {', '.join(names)} over {', '.join(assets)}\n"
+          f"  {args.url.rstrip('/')}/runs/b/{backfill_id}")
+    if args.wait:
+        status = server.wait_for_backfill(backfill_id, timeout=args.wait)
+        failed = [r["runId"] for r in status["runs"] if r["status"] != "SUCCESS"]
+        print(f"backfill {backfill_id} {status['status']}: {len(status['runs'])} run(s), {len(failed)} not successful")
+        return 1 if failed else 0
+    return 0
+
+
+def cmd_export(args) -> int:
+    """Where a recipe's drafter exports are, and whether the SGLang export follows the serving contract."""
+    from eagle3_assets.core.drafter_export import check_sglang_export
+
+    layout = DataLayout.from_env(args.root)
+    out = layout.drafter_dir(args.recipe)
+    sglang_dir, vllm_dir = out / "sglang", out / "vllm"
+    print(f"recipe           {args.recipe}\ndrafter dir      {out}\nsglang export    {sglang_dir}\n"
+          f"vllm export      {vllm_dir}")
+    if not sglang_dir.exists():
+        print(f"no SGLang export yet: materialize drafter_checkpoint[{args.recipe}] first", file=sys.stderr)
+        return 2
+    problems = check_sglang_export(sglang_dir)
+    if problems:
+        print("SGLang export INVALID:", file=sys.stderr)
+        for p in problems:
+            print(f"  - {p}", file=sys.stderr)
+        return 1
+    print("SGLang export ok; serve it with:\n"
+          f"  python -m sglang.launch_server --model-path <target> --speculative-algorithm EAGLE3 "
+          f"--speculative-draft-model-path {sglang_dir}")
+    return 0
 
 
 def cmd_recover(args) -> int:
@@ -109,6 +195,7 @@ def cmd_ui(args) -> int:
 
     layout = DataLayout.from_env(args.root)
     env = dict(os.environ, DAGSTER_HOME=str(ensure_dagster_home(layout)), EAGLE3_HOME=str(layout.root))
+    _instance(layout)  # explicit pool limits before the daemon starts
     cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
            "-h", "127.0.0.1", "-p", str(args.port)]
     print(f"Dagster UI on http://127.0.0.1:{args.port} (instance {env['DAGSTER_HOME']}); Ctrl-C stops it.")
@@ -132,6 +219,23 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("paths", help="print where files live").set_defaults(fn=cmd_paths)
     sub.add_parser("recover", help="fail runs whose process was killed and free their pool slots"
                    ).set_defaults(fn=cmd_recover)
+    p = sub.add_parser("materialize", help="run a dataset's stages in this process (recorded in the instance)")
+    p.add_argument("dataset")
+    p.add_argument("--through", choices=sorted(THROUGH), default="merged_corpus")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.set_defaults(fn=cmd_materialize)
+    p = sub.add_parser("backfill", help="submit a partition backfill to a running webserver")
+    p.add_argument("datasets", nargs="+")
+    p.add_argument("--assets", default=",".join(THROUGH["merged_corpus"]),
+                   help="comma-separated asset keys (default: prompts through merged_corpus)")
+    p.add_argument("--url", default=os.environ.get("EAGLE3_DAGSTER_URL", "http://127.0.0.1:3000"))
+    p.add_argument("--max-new-tokens", type=int, default=0, help="raw_responses max_new_tokens (default: its config)")
+    p.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the backfill to finish")
+    p.set_defaults(fn=cmd_backfill)
+    p = sub.add_parser("export", help="print a recipe's drafter exports and validate the SGLang one")
+    p.add_argument("recipe")
+    p.set_defaults(fn=cmd_export)
     p = sub.add_parser("ui", help="serve the Dagster webserver and daemon on 127.0.0.1")
     p.add_argument("--port", type=int, default=3000)
     p.set_defaults(fn=cmd_ui)

@@ -20,8 +20,23 @@ from resources import (
     StorageResource,
     TokenizerResource,
 )
-from sensors import prompt_files_sensor
+from sensors import prompt_files_sensor, run_failure_alerts
 
+# Downstream CPU stages follow their inputs by themselves once the daemon runs: eager, but only
+# when every blocking check on their dependencies passed (a failed check stops the cascade).
+AUTOMATION_CONDITION = dg.AutomationCondition.eager() & dg.AutomationCondition.all_deps_blocking_checks_passed()
+AUTOMATED = ("token_ids", "inventory", "merged_corpus")
+
+
+def with_automation(asset: dg.AssetsDefinition) -> dg.AssetsDefinition:
+    if asset.key.to_user_string() not in AUTOMATED:
+        return asset
+    return asset.with_attributes(automation_condition=AUTOMATION_CONDITION)
+
+
+prompts, raw_responses, token_ids, inventory, merged_corpus = (
+    with_automation(a) for a in (prompts, raw_responses, token_ids, inventory, merged_corpus)
+)
 DATA_ASSETS = [prompts, raw_responses, token_ids, inventory, merged_corpus]
 
 dataset_pipeline = dg.define_asset_job(
@@ -54,6 +69,6 @@ defs = dg.Definitions(
     assets=[*DATA_ASSETS, *GPU_ASSETS],
     asset_checks=[*ALL_CHECKS, shard_integrity, drafter_acceptance],
     jobs=[dataset_pipeline],
-    sensors=[prompt_files_sensor],
+    sensors=[prompt_files_sensor, run_failure_alerts],
     resources=default_resources(),
 )

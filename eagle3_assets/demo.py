@@ -100,8 +100,9 @@ def run_demo(datasets: list[str] | None = None, run_config: dict | None = None) 
 
     names = datasets or install_demo_prompts(layout)
     instance = DagsterInstance.get()
-    from eagle3_assets.runs import recover_dead_runs
+    from eagle3_assets.runs import ensure_pool_limits, recover_dead_runs
 
+    ensure_pool_limits(instance)
     for run_id in recover_dead_runs(instance):  # an earlier demo killed mid-run holds pool slots
         print(f"marked dead run {run_id[:8]} failed and freed its pool slots")
     known = set(instance.get_dynamic_partitions(datasets_partitions.name))

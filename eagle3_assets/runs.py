@@ -50,3 +50,23 @@ def recover_dead_runs(instance: dg.DagsterInstance) -> list[str]:
             instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
         recovered.append(run.run_id)
     return recovered
+
+
+# Explicit pool limits (steps of all runs and backfills together): one GPU step at a time on
+# this machine, one DuckDB writer, four OpenRouter callers. A limit already set (in the UI under
+# Deployment -> Concurrency, or with `dagster instance concurrency set`) is left alone.
+POOL_LIMITS = {"gpu": 1, "duckdb": 1, "openrouter": 4}
+
+
+def ensure_pool_limits(instance, limits: dict[str, int] | None = None) -> dict[str, int]:
+    """Set each pool's limit when the instance has none yet; returns what was set."""
+    storage = instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return {}
+    existing = storage.get_concurrency_keys()
+    changed = {}
+    for pool, n in (limits or POOL_LIMITS).items():
+        if pool not in existing:
+            storage.set_concurrency_slots(pool, n)
+            changed[pool] = n
+    return changed

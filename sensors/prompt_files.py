@@ -1,18 +1,25 @@
-"""Watches ``prompts/*.jsonl``: a new file becomes a dataset partition and its prompts are read."""
+"""Watches ``prompts/*.jsonl``: a new file becomes a dataset partition; its prompts are read and
+its responses generated (local backend, the asset's default config). The CPU stages after them
+follow through their automation conditions."""
 
 
 import dagster as dg
 
 from eagle3_assets.assets.prompts import prompts
+from eagle3_assets.assets.responses import raw_responses
 from eagle3_assets.partitions import datasets_partitions
 from resources import StorageResource
 
+# Local generation, the asset's default backend; other backends are launched with their config.
+REQUESTED = [prompts.key, raw_responses.key]
+
 
 @dg.sensor(
-    target=[prompts],
+    target=[prompts, raw_responses],
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Adds a dataset partition for each new prompts/<dataset>.jsonl and materializes its prompts.",
+    description="Adds a dataset partition for each new prompts/<dataset>.jsonl and materializes its prompts "
+    "and raw_responses (local backend).",
 )
 def prompt_files_sensor(context: dg.SensorEvaluationContext, storage: StorageResource):
     on_disk = storage.layout.datasets_on_disk()
@@ -23,5 +30,8 @@ def prompt_files_sensor(context: dg.SensorEvaluationContext, storage: StorageRes
     context.log.info(f"new datasets: {', '.join(new)}")
     return dg.SensorResult(
         dynamic_partitions_requests=[datasets_partitions.build_add_request(new)],
-        run_requests=[dg.RunRequest(partition_key=name, run_key=f"prompts:{name}") for name in new],
+        run_requests=[
+            dg.RunRequest(partition_key=name, run_key=f"prompts+raw_responses:{name}", asset_selection=REQUESTED)
+            for name in new
+        ],
     )

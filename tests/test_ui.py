@@ -1,0 +1,210 @@
+"""The UI as a person uses it: ``dagster dev`` on a free port, a real backfill over GraphQL,
+then the asset graph and a check's page in a headless Chromium (skipped where there is none).
+
+Marked ``ui``; deselect with ``-m 'not ui'``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from eagle3_assets.graphql_client import DagsterWebserver, WebserverError
+from eagle3_assets.paths import REPO_ROOT, DataLayout, ensure_dagster_home
+from tests.conftest import small_prompts, write_jsonl
+
+pytestmark = pytest.mark.ui
+
+DATASETS = ["ui_alpha", "ui_beta"]
+ASSETS = ["prompts", "raw_responses", "token_ids", "inventory", "merged_corpus"]
+RUN_CONFIG = {"ops": {"raw_responses": {"config": {"max_new_tokens": 8, "batch_size": 4}}}}
+ARTIFACTS = REPO_ROOT / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_location(server: DagsterWebserver, proc, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    query = """{ workspaceOrError { __typename ... on Workspace { locationEntries { name
+                 locationOrLoadError { __typename } } } } }"""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"dagster dev exited with {proc.returncode}")
+        try:
+            server.server_info()
+            entries = server.query(query)["workspaceOrError"]["locationEntries"]
+            if entries and all(e["locationOrLoadError"] and e["locationOrLoadError"]["__typename"] == "RepositoryLocation"
+                               for e in entries):
+                return
+            if any(e["locationOrLoadError"] and e["locationOrLoadError"]["__typename"] == "PythonError" for e in entries):
+                raise RuntimeError(f"code location failed to load: {entries}")
+        except (httpx.HTTPError, WebserverError):
+            pass  # not serving yet
+        time.sleep(1)
+    raise TimeoutError("dagster dev did not serve the code location in time")
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory, model_dir):
+    """``dagster dev`` on its own data root and instance; yields (server, layout, instance)."""
+    import dagster as dg
+
+    from eagle3_assets.runs import ensure_pool_limits
+
+    root = tmp_path_factory.mktemp("ui") / "data"
+    layout = DataLayout(root)
+    home = ensure_dagster_home(layout)
+    instance = dg.DagsterInstance.from_config(str(home))
+    ensure_pool_limits(instance)
+    port = _free_port()
+    # EAGLE3_MODEL_CACHE (set by conftest) is inherited: the runs reuse the converted model.
+    env = dict(os.environ, DAGSTER_HOME=str(home), EAGLE3_HOME=str(root))
+    log = (root / "dagster-dev.log").open("wb")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
+         "-h", "127.0.0.1", "-p", str(port)],
+        cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    server = DagsterWebserver(f"http://127.0.0.1:{port}")
+    try:
+        _wait_for_location(server, proc)
+        yield server, layout, instance
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+        log.close()
+        instance.dispose()
+
+
+@pytest.fixture(scope="module")
+def backfill(ui):
+    """Two tiny datasets backfilled through merged_corpus; returns the backfill's final status."""
+    server, layout, _ = ui
+    # Partitions first, then the files: the prompt-file sensor sees known datasets and stays out.
+    for name in DATASETS:
+        server.add_partition(name)
+        write_jsonl(layout.prompt_source(name), small_prompts(3, prefix=f"{name}-"))
+    backfill_id = server.launch_backfill(DATASETS, ASSETS, RUN_CONFIG, title="ui test")
+    return server.wait_for_backfill(backfill_id, timeout=240, poll=1.0)
+
+
+def _step_window(instance, run_id: str, step: str) -> tuple[float, float]:
+    from dagster import DagsterEventType
+
+    start = end = None
+    for rec in instance.all_logs(run_id):
+        ev = rec.dagster_event
+        if ev is None or ev.step_key != step:
+            continue
+        if ev.event_type == DagsterEventType.STEP_START:
+            start = rec.timestamp
+        elif ev.event_type in (DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE):
+            end = rec.timestamp
+    assert start is not None and end is not None, f"{step} did not start and end in run {run_id}"
+    return start, end
+
+
+def test_backfill_over_graphql_runs_every_partition_with_checks_and_one_gpu_step_at_a_time(ui, backfill):
+    from dagster import DagsterEventType
+
+    _, layout, instance = ui
+    assert backfill["status"] == "COMPLETED_SUCCESS", backfill
+    runs = backfill["runs"]
+    assert runs and all(r["status"] == "SUCCESS" for r in runs), runs
+    partitions = set()
+    checks = {}
+    windows = []
+    for r in runs:
+        run = instance.get_run_by_id(r["runId"])
+        partitions.add(run.tags.get("dagster/partition"))
+        for rec in instance.all_logs(r["runId"], of_type=DagsterEventType.ASSET_CHECK_EVALUATION):
+            ev = rec.dagster_event.event_specific_data
+            checks[(run.tags.get("dagster/partition"), ev.check_name)] = ev.passed
+        if any(rec.dagster_event and rec.dagster_event.step_key == "raw_responses" for rec in instance.all_logs(r["runId"])):
+            windows.append(_step_window(instance, r["runId"], "raw_responses"))
+    assert partitions == set(DATASETS)
+    for name in DATASETS:
+        assert checks.get((name, "corpus_integrity")) is True, checks
+        assert checks.get((name, "token_budget")) is True, checks
+        assert layout.corpus(name).exists()
+    # raw_responses runs in the `gpu` pool (limit 1): the two partitions' steps never overlap.
+    assert len(windows) == 2, windows
+    (a0, a1), (b0, b1) = sorted(windows)
+    assert a1 <= b0, f"gpu steps overlapped: {windows}"
+
+
+def _chromium_or_skip():
+    if not CHROMIUM:
+        pytest.skip("no chromium on this machine (apt-get install -y chromium)")
+    try:
+        from playwright.sync_api import sync_playwright  # noqa: F401
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install -e '.[test]')")
+    return CHROMIUM
+
+
+def _dismiss_onboarding(page) -> None:
+    """The first visit asks for a newsletter sign-up; a person clicks Skip."""
+    skip = page.get_by_role("button", name="Skip")
+    try:
+        skip.wait_for(state="visible", timeout=5_000)
+        skip.click()
+    except Exception:  # noqa: BLE001 - no dialog this time
+        pass
+
+
+def test_asset_graph_and_check_pages_in_a_browser(ui, backfill, tmp_path):
+    chromium = _chromium_or_skip()
+    from playwright.sync_api import expect, sync_playwright
+
+    server, _, _ = ui
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        # A fresh profile per test (Playwright passes it as --user-data-dir).
+        browser = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
+            viewport={"width": 1600, "height": 1000},
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+        )
+        page = browser.new_page()
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(f"{server.url}/locations/eagle3_assets/asset-groups/data/lineage")
+            _dismiss_onboarding(page)
+            for name in ASSETS:
+                expect(page.get_by_text(name, exact=True).first).to_be_visible()
+            page.screenshot(path=str(ARTIFACTS / "asset-graph.png"))
+
+            page.goto(f"{server.url}/assets/merged_corpus?view=checks")
+            _dismiss_onboarding(page)
+            expect(page.get_by_text("corpus_integrity").first).to_be_visible()
+            page.get_by_text("corpus_integrity").first.click()
+            expect(page.get_by_text("blocking").first).to_be_visible()
+            expect(page.get_by_text("Passed", exact=True).first).to_be_visible()
+            page.screenshot(path=str(ARTIFACTS / "check-corpus_integrity.png"))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "failure.png"))
+            raise
+        finally:
+            browser.close()
