@@ -9,7 +9,6 @@ import base64
 import json
 import math
 import os
-import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -187,7 +186,3 @@ def drafter_acceptance(context: dg.AssetCheckExecutionContext, storage: StorageR
                   "floor": ev["floor"] if ev else None, "problems": md_table([{"problem": p} for p in problems])},
     )
 
-
-def clear_drafter(layout, recipe: str) -> None:
-    """Remove a recipe's outputs (for a fresh training run)."""
-    shutil.rmtree(layout.drafter_dir(recipe), ignore_errors=True)
