@@ -5,8 +5,6 @@ built from bad data; the metadata of every check shows its figures and offending
 """
 
 
-import warnings
-
 import dagster as dg
 
 from eagle3_assets.assets.corpus import merged_corpus
@@ -17,9 +15,6 @@ from eagle3_assets.partitions import datasets_partitions
 from resources import DatasetSettings, StorageResource, TokenizerResource
 
 SAMPLE = 10
-
-# Per-partition check results are a deliberate choice (dagster#17005); the API is marked preview.
-warnings.filterwarnings("ignore", category=dg.PreviewWarning, message=".*partitions_def on an AssetCheckSpec")
 
 
 def _rows(con, sql: str, params: list) -> list[dict]:
