@@ -21,20 +21,32 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from eagle3_assets.core.drafter_model import (  # noqa: E402
-    DrafterConfig, build_drafter, read_target_config, read_target_embeddings, read_target_lm_head,
+from eagle3_assets.drafter.model import (  # noqa: E402
+    DrafterConfig,
+    build_drafter,
+    read_target_config,
+    read_target_embeddings,
+    read_target_lm_head,
 )
-from eagle3_assets.core.drafter_train import (  # noqa: E402
-    FeatureBatches, Teacher, TrainConfig, add_target_ids, mix_datasets, train,
+from eagle3_assets.drafter.recipes import load_recipe  # noqa: E402
+from eagle3_assets.drafter.spec_decode import (  # noqa: E402
+    evaluate_acceptance,
+    greedy_generate,
+    target_features,
+    untrained_baseline,
 )
-from eagle3_assets.core.embedded_model import EmbeddedModel, ensure_default_model  # noqa: E402
-from eagle3_assets.core.prompts import read_prompt_file  # noqa: E402
-from eagle3_assets.core.recipes import load_recipe  # noqa: E402
-from eagle3_assets.core.spec_decode import (  # noqa: E402
-    evaluate_acceptance, greedy_generate, target_features, untrained_baseline,
+from eagle3_assets.drafter.train import (  # noqa: E402
+    FeatureBatches,
+    Teacher,
+    TrainConfig,
+    add_target_ids,
+    mix_datasets,
+    train,
 )
-from eagle3_assets.core.vocab_map import build_vocab_map, count_tokens  # noqa: E402
+from eagle3_assets.drafter.vocab_map import build_vocab_map, count_tokens  # noqa: E402
 from eagle3_assets.paths import REPO_ROOT, DataLayout  # noqa: E402
+from eagle3_assets.prompts.reader import read_prompt_file  # noqa: E402
+from eagle3_assets.target.embedded import EmbeddedModel, ensure_default_model  # noqa: E402
 
 
 def generated_data(model: EmbeddedModel, datasets: list[str], per_dataset: int, eval_per_dataset: int,

@@ -32,11 +32,11 @@ sys.path.insert(0, str(ROOT))
 import polars as pl  # noqa: E402
 import torch  # noqa: E402
 
-from eagle3_assets.core.embedded_model import ensure_default_model  # noqa: E402
-from eagle3_assets.core.hidden_extract import LocalExtractor, forward_only  # noqa: E402
-from eagle3_assets.core.hidden_states import extract_corpus, plan_batches, verify_shards  # noqa: E402
-from eagle3_assets.core.shard_reader import ShardReader  # noqa: E402
-from eagle3_assets.core.shards import bytes_per_token  # noqa: E402
+from eagle3_assets.hidden_states.extract import extract_corpus, plan_batches, verify_shards  # noqa: E402
+from eagle3_assets.hidden_states.extractors import LocalExtractor, forward_only  # noqa: E402
+from eagle3_assets.hidden_states.reader import ShardReader  # noqa: E402
+from eagle3_assets.hidden_states.shards import bytes_per_token  # noqa: E402
+from eagle3_assets.target.embedded import ensure_default_model  # noqa: E402
 
 
 def synthetic_corpus(path: Path, n: int, length: int, vocab: int) -> Path:

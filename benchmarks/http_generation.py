@@ -1,6 +1,6 @@
 """Benchmark: the HTTP generation engine at 2,000 in flight against the loopback server.
 
-The server runs in its own process (``python -m eagle3_assets.loopback openrouter --synthetic``:
+The server runs in its own process (``python -m eagle3_assets.testing.loopback openrouter --synthetic``:
 fake ids, a simulated latency per request), so the figures below are the *client's* costs:
 
 * achieved concurrency: mean requests in flight over the gate while samples were waiting
@@ -44,17 +44,17 @@ except ImportError:  # pragma: no cover
     psutil = None
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle3_assets.core.backends import OpenRouterBackend  # noqa: E402
-from eagle3_assets.core.budget import TokenBudget  # noqa: E402
-from eagle3_assets.core.http_engine import ClientConfig, RetryPolicy, run_generation  # noqa: E402
-from eagle3_assets.core.response_store import ResponseStore  # noqa: E402
-from eagle3_assets.core.samples import SampleRequest, SamplingSettings  # noqa: E402
+from eagle3_assets.generation.backends import OpenRouterBackend  # noqa: E402
+from eagle3_assets.generation.budget import TokenBudget  # noqa: E402
+from eagle3_assets.generation.http_engine import ClientConfig, RetryPolicy, run_generation  # noqa: E402
+from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
+from eagle3_assets.generation.samples import SampleRequest, SamplingSettings  # noqa: E402
 
 KEY = "sk-bench-loopback"
 
 
 def start_server(latency: float, jitter: float) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "eagle3_assets.loopback", "openrouter", "--synthetic", "--port", "0",
+    cmd = [sys.executable, "-m", "eagle3_assets.testing.loopback", "openrouter", "--synthetic", "--port", "0",
            "--latency", str(latency), "--latency-jitter", str(jitter), "--api-key", KEY, "--uvloop"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=Path(__file__).resolve().parents[1])

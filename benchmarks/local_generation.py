@@ -14,13 +14,13 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from eagle3_assets.core.budget import TokenBudget  # noqa: E402
-from eagle3_assets.core.embedded_model import EmbeddedModel, ensure_default_model  # noqa: E402
-from eagle3_assets.core.local_generation import generate_local  # noqa: E402
-from eagle3_assets.core.prompts import read_prompt_file  # noqa: E402
-from eagle3_assets.core.response_store import ResponseStore  # noqa: E402
-from eagle3_assets.core.samples import SamplingSettings, plan_samples  # noqa: E402
+from eagle3_assets.generation.budget import TokenBudget  # noqa: E402
+from eagle3_assets.generation.local import generate_local  # noqa: E402
+from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
+from eagle3_assets.generation.samples import SamplingSettings, plan_samples  # noqa: E402
 from eagle3_assets.paths import REPO_ROOT, DataLayout  # noqa: E402
+from eagle3_assets.prompts.reader import read_prompt_file  # noqa: E402
+from eagle3_assets.target.embedded import EmbeddedModel, ensure_default_model  # noqa: E402
 
 
 def main() -> None:

@@ -10,45 +10,10 @@ from pathlib import Path
 
 from eagle3_assets.paths import DataLayout, check_dataset_name, ensure_dagster_home
 
-INVENTORY_COLUMNS = [
-    ("dataset", "dataset"), ("source", "source"), ("responses", "responses"),
-    ("completion_tokens", "tokens"), ("mean_len", "mean"), ("p50_len", "p50"), ("p95_len", "p95"),
-    ("finish_reasons", "finish reasons"), ("budget_used", "budget used"),
-    ("budget_remaining", "remaining"), ("cost_usd", "cost $"),
-]
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:,.1f}" if abs(v) >= 10 else f"{v:,.4g}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
-
-
-def print_inventory(layout: DataLayout) -> None:
-    """Every dataset's inventory in one table."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from eagle3_assets.core.inventory import read_inventory
-
-    frame = read_inventory(layout.metadata_db)
-    console = Console(width=160)
-    if frame.is_empty():
-        console.print(f"No inventory yet in {layout.metadata_db}: materialize the `inventory` asset first.")
-        return
-    table = Table(title=f"Inventory ({layout.metadata_db})")
-    for _, title in INVENTORY_COLUMNS:
-        table.add_column(title, justify="left" if title in ("dataset", "source", "finish reasons") else "right")
-    for row in frame.iter_rows(named=True):
-        table.add_row(*[_fmt(row[k]) for k, _ in INVENTORY_COLUMNS], style="bold" if row["source"] == "all" else None)
-    console.print(table)
-
 
 def cmd_inventory(args) -> int:
+    from eagle3_assets.corpus.report import print_inventory
+
     print_inventory(DataLayout.from_env(args.root))
     return 0
 
@@ -57,7 +22,7 @@ def cmd_add_dataset(args) -> int:
     layout = DataLayout.from_env(args.root)
     src = Path(args.file)
     name = check_dataset_name(args.name or src.stem)
-    from eagle3_assets.core.prompts import read_prompt_file
+    from eagle3_assets.prompts.reader import read_prompt_file
 
     parsed = read_prompt_file(src, skip_invalid=args.skip_invalid)
     dst = layout.prompt_source(name)
@@ -106,7 +71,7 @@ def cmd_materialize(args) -> int:
         print(f"no prompt file {layout.prompt_source(name)}; add one with `eagle3 add-dataset`", file=sys.stderr)
         return 2
     instance = _instance(layout)
-    from eagle3_assets.demo import _report, materialize_selection
+    from eagle3_assets.launch import materialize_selection, report_result
     from eagle3_assets.partitions import datasets_partitions
 
     if not instance.has_dynamic_partition(datasets_partitions.name, name):
@@ -119,7 +84,7 @@ def cmd_materialize(args) -> int:
 
     t0 = time.perf_counter()
     result = materialize_selection(instance, THROUGH[args.through], name, run_config)
-    ok = _report(result, f"{name} through {args.through}", t0)
+    ok = report_result(result, f"{name} through {args.through}", t0)
     return 0 if ok else 1
 
 
@@ -152,7 +117,7 @@ def cmd_backfill(args) -> int:
 
 def cmd_export(args) -> int:
     """Where a recipe's drafter exports are, and whether the SGLang export follows the serving contract."""
-    from eagle3_assets.core.drafter_export import check_sglang_export
+    from eagle3_assets.drafter.export import check_sglang_export
 
     layout = DataLayout.from_env(args.root)
     out = layout.drafter_dir(args.recipe)

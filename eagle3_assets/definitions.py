@@ -1,17 +1,19 @@
-"""The code location: assets, checks, sensors, jobs and the default resources."""
+"""The code location: assembles each stage's assets and checks, the sensors, jobs and default resources."""
 
 import os
 
 import dagster as dg
 
-from eagle3_assets.assets.corpus import merged_corpus
-from eagle3_assets.assets.drafter import drafter_acceptance, drafter_checkpoint
-from eagle3_assets.assets.hidden_states import hidden_states, shard_integrity
-from eagle3_assets.assets.inventory import inventory
-from eagle3_assets.assets.prompts import prompts
-from eagle3_assets.assets.responses import raw_responses
-from eagle3_assets.assets.tokens import token_ids
-from eagle3_assets.checks import ALL_CHECKS
+from eagle3_assets.corpus.assets import inventory, merged_corpus
+from eagle3_assets.corpus.checks import CORPUS_CHECKS
+from eagle3_assets.drafter.assets import drafter_checkpoint
+from eagle3_assets.drafter.checks import drafter_acceptance
+from eagle3_assets.generation.assets import raw_responses
+from eagle3_assets.hidden_states.assets import hidden_states
+from eagle3_assets.hidden_states.checks import shard_integrity
+from eagle3_assets.prompts.assets import prompts
+from eagle3_assets.tokens.assets import token_ids
+from eagle3_assets.tokens.checks import TOKEN_CHECKS
 from resources import (
     DatasetSettings,
     EmbeddedModelResource,
@@ -62,12 +64,17 @@ def default_resources() -> dict:
     }
 
 
+DATA_CHECKS = [*TOKEN_CHECKS, *CORPUS_CHECKS]
+
 # GPU stages never start by themselves: they run when launched or backfilled.
 GPU_ASSETS = [hidden_states, drafter_checkpoint]
+GPU_CHECKS = [shard_integrity, drafter_acceptance]
+ALL_ASSETS = [*DATA_ASSETS, *GPU_ASSETS]
+ALL_CHECKS = [*DATA_CHECKS, *GPU_CHECKS]
 
 defs = dg.Definitions(
-    assets=[*DATA_ASSETS, *GPU_ASSETS],
-    asset_checks=[*ALL_CHECKS, shard_integrity, drafter_acceptance],
+    assets=ALL_ASSETS,
+    asset_checks=ALL_CHECKS,
     jobs=[dataset_pipeline],
     sensors=[prompt_files_sensor, run_failure_alerts],
     resources=default_resources(),

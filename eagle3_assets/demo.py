@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from pathlib import Path
 
+from eagle3_assets.launch import materialize_selection, report_result
 from eagle3_assets.paths import REPO_ROOT, DataLayout, ensure_dagster_home
 
 DEMO_PROMPTS = REPO_ROOT / "demo" / "prompts"
@@ -34,19 +34,6 @@ def install_demo_prompts(layout: DataLayout) -> list[str]:
     return names
 
 
-def _report(result, label: str, t0: float) -> bool:
-    from dagster import AssetCheckSeverity
-
-    checks = result.get_asset_check_evaluations()
-    print(f"=== {label}: {'ok' if result.success else 'FAILED'} in {time.perf_counter() - t0:.0f}s "
-          f"(run {result.run_id[:8]}); checks passed {sum(c.passed for c in checks)}/{len(checks)}", flush=True)
-    for c in checks:
-        if not c.passed:
-            kind = "warning" if c.severity == AssetCheckSeverity.WARN else "FAILED"
-            print(f"    check {c.check_name} {kind}: {c.description}")
-    return result.success
-
-
 def run_gpu_stages(instance, names: list[str], layout) -> list[str]:
     """Hidden states for each demo dataset, then the demo drafter; returns what failed."""
     import json
@@ -56,14 +43,14 @@ def run_gpu_stages(instance, names: list[str], layout) -> list[str]:
         t0 = time.perf_counter()
         print(f"\n=== hidden_states[{name}]: prefill the corpus through the target, write shards", flush=True)
         result = materialize_selection(instance, ["hidden_states"], name, HIDDEN_RUN_CONFIG)
-        if not _report(result, f"hidden_states[{name}]", t0):
+        if not report_result(result, f"hidden_states[{name}]", t0):
             failed.append(f"hidden_states[{name}]")
     if failed:
         return failed
     t0 = time.perf_counter()
     print("\n=== drafter_checkpoint[demo]: train through Dagster Pipes, export, measure acceptance", flush=True)
     result = materialize_selection(instance, ["drafter_checkpoint"], "demo", DRAFTER_RUN_CONFIG)
-    if not _report(result, "drafter_checkpoint[demo]", t0):
+    if not report_result(result, "drafter_checkpoint[demo]", t0):
         return ["drafter_checkpoint[demo]"]
     ev = json.loads((layout.drafter_dir("demo") / "eval.json").read_text())
     t, u = ev["trained"], ev["untrained"]
@@ -74,27 +61,12 @@ def run_gpu_stages(instance, names: list[str], layout) -> list[str]:
     return []
 
 
-def materialize_selection(instance, selection: list[str], partition: str, run_config: dict):
-    """One run of the selected assets (and their checks) for one partition, recorded in the instance."""
-    import dagster as dg
-
-    from eagle3_assets.assets.drafter import drafter_acceptance
-    from eagle3_assets.assets.hidden_states import shard_integrity
-    from eagle3_assets.definitions import DATA_ASSETS, GPU_ASSETS, default_resources
-
-    return dg.materialize(
-        [*DATA_ASSETS, *GPU_ASSETS, shard_integrity, drafter_acceptance], selection=selection,
-        partition_key=partition, instance=instance, resources=default_resources(), run_config=run_config,
-        raise_on_error=False,
-    )
-
-
 def run_demo(datasets: list[str] | None = None, run_config: dict | None = None) -> int:
     layout = DataLayout.from_env()
     os.environ.setdefault("DAGSTER_HOME", str(ensure_dagster_home(layout)))
     from dagster import DagsterInstance
 
-    from eagle3_assets.cli import print_inventory
+    from eagle3_assets.corpus.report import print_inventory
     from eagle3_assets.definitions import dataset_pipeline, defs
     from eagle3_assets.partitions import datasets_partitions
 
@@ -115,7 +87,7 @@ def run_demo(datasets: list[str] | None = None, run_config: dict | None = None) 
         result = job.execute_in_process(
             partition_key=name, instance=instance, run_config=run_config or DEMO_RUN_CONFIG, raise_on_error=False
         )
-        _report(result, name, t0)
+        report_result(result, name, t0)
         if not result.success:
             failed.append(name)
     if not failed and datasets is None:

@@ -41,7 +41,7 @@ class DataLayout:
     root: Path
 
     @classmethod
-    def from_env(cls, root: str | os.PathLike | None = None) -> "DataLayout":
+    def from_env(cls, root: str | os.PathLike | None = None) -> DataLayout:
         return cls(Path(root).expanduser().resolve() if root else default_data_root())
 
     @property

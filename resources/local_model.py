@@ -20,7 +20,7 @@ class EmbeddedModelResource(dg.ConfigurableResource):
     _model: object = PrivateAttr(default=None)
 
     def resolved_dir(self) -> Path:
-        from eagle3_assets.core.embedded_model import ensure_default_model
+        from eagle3_assets.target.embedded import ensure_default_model
 
         if self.model_dir:
             path = Path(self.model_dir).expanduser()
@@ -32,7 +32,7 @@ class EmbeddedModelResource(dg.ConfigurableResource):
     def load(self):
         """The loaded model (cached for the life of the resource)."""
         if self._model is None:
-            from eagle3_assets.core.embedded_model import EmbeddedModel, set_threads
+            from eagle3_assets.target.embedded import EmbeddedModel, set_threads
 
             set_threads(self.threads)
             self._model = EmbeddedModel(self.resolved_dir(), device=self.device, dtype=self.dtype)

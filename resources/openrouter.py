@@ -18,8 +18,8 @@ class OpenRouterResource(dg.ConfigurableResource):
     read_timeout_s: float = 900.0
 
     def backend(self):
-        from eagle3_assets.core.backends import OpenRouterBackend
-        from eagle3_assets.core.http_engine import Prices
+        from eagle3_assets.generation.backends import OpenRouterBackend
+        from eagle3_assets.generation.http_engine import Prices
 
         if not self.api_key:
             raise ValueError("no OpenRouter API key: set OPENROUTER_API_KEY where the code location runs, then reload it")
@@ -30,6 +30,6 @@ class OpenRouterResource(dg.ConfigurableResource):
                                  reasoning=self.reasoning or None, base_url=self.base_url, prices=prices)
 
     def client_config(self):
-        from eagle3_assets.core.http_engine import ClientConfig
+        from eagle3_assets.generation.http_engine import ClientConfig
 
         return ClientConfig(connections_per_client=self.connections_per_client, read_timeout_s=self.read_timeout_s)

@@ -5,7 +5,7 @@ import dagster as dg
 
 class SGLangResource(dg.ConfigurableResource):
     """``POST /generate`` with locally rendered prompt ids; ``output_ids`` kept as returned.
-    Start the servers outside Dagster (or try `python -m eagle3_assets.loopback sglang`)."""
+    Start the servers outside Dagster (or try `python -m eagle3_assets.testing.loopback sglang`)."""
 
     base_urls: list[str] = ["http://127.0.0.1:30000"]
     api_key: str = ""  # only if the server was started with --api-key
@@ -15,12 +15,12 @@ class SGLangResource(dg.ConfigurableResource):
     read_timeout_s: float = 900.0
 
     def backend(self, render_prompt):
-        from eagle3_assets.core.backends import SGLangBackend
+        from eagle3_assets.generation.backends import SGLangBackend
 
         return SGLangBackend(self.base_urls, render_prompt, api_key=self.api_key or None,
                              health_check=self.health_check, repair_prefix_bug=self.repair_prefix_bug)
 
     def client_config(self):
-        from eagle3_assets.core.http_engine import ClientConfig
+        from eagle3_assets.generation.http_engine import ClientConfig
 
         return ClientConfig(connections_per_client=self.connections_per_client, read_timeout_s=self.read_timeout_s)

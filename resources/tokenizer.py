@@ -1,7 +1,6 @@
 """The target's tokenizer: chat template, ids and the end-of-turn token."""
 
 
-from typing import Optional
 
 import dagster as dg
 
@@ -20,10 +19,10 @@ class TokenizerResource(dg.ConfigurableResource):
     path: str = ""
     end_of_turn: str = ""
     trust_remote_code: bool = False
-    thinking: Optional[bool] = None
+    thinking: bool | None = None
 
     def load(self):
-        from eagle3_assets.core.tokens import TargetTokenizer
+        from eagle3_assets.tokens.tokenizer import TargetTokenizer
 
         path = self.path or str(self.model.resolved_dir())
         return TargetTokenizer.load(path, end_of_turn=self.end_of_turn, trust_remote_code=self.trust_remote_code,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -76,7 +76,7 @@ def build_alert(context) -> dict:
     for ev in context.get_step_failure_events():
         steps.append({"step": ev.step_key, "error": _redact(_error_message(ev))})
     return {
-        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
         "kind": "run_failure",
         "run_id": run.run_id,
         "job": run.job_name,

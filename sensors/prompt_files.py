@@ -5,9 +5,9 @@ follow through their automation conditions."""
 
 import dagster as dg
 
-from eagle3_assets.assets.prompts import prompts
-from eagle3_assets.assets.responses import raw_responses
+from eagle3_assets.generation.assets import raw_responses
 from eagle3_assets.partitions import datasets_partitions
+from eagle3_assets.prompts.assets import prompts
 from resources import StorageResource
 
 # Local generation, the asset's default backend; other backends are launched with their config.

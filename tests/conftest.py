@@ -19,21 +19,21 @@ os.environ["EAGLE3_MODEL_CACHE"] = str(MODEL_CACHE)
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    from eagle3_assets.core.embedded_model import ensure_default_model
+    from eagle3_assets.target.embedded import ensure_default_model
 
     return ensure_default_model(MODEL_CACHE)
 
 
 @pytest.fixture(scope="session")
 def target_tokenizer(model_dir):
-    from eagle3_assets.core.tokens import TargetTokenizer
+    from eagle3_assets.tokens.tokenizer import TargetTokenizer
 
     return TargetTokenizer.load(model_dir)
 
 
 @pytest.fixture(scope="session")
 def embedded(model_dir):
-    from eagle3_assets.core.embedded_model import EmbeddedModel
+    from eagle3_assets.target.embedded import EmbeddedModel
 
     return EmbeddedModel(model_dir)
 

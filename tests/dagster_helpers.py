@@ -2,8 +2,7 @@
 
 import dagster as dg
 
-from eagle3_assets.checks import ALL_CHECKS
-from eagle3_assets.definitions import DATA_ASSETS, default_resources
+from eagle3_assets.definitions import DATA_ASSETS, DATA_CHECKS, default_resources
 from eagle3_assets.partitions import datasets_partitions
 from resources import TokenizerResource
 
@@ -18,7 +17,7 @@ def run_dataset(instance, dataset: str, *, run_config=None, resources=None, sele
     res = default_resources()
     res.update(resources or {})
     return dg.materialize(
-        [*DATA_ASSETS, *ALL_CHECKS], partition_key=dataset, instance=instance, resources=res,
+        [*DATA_ASSETS, *DATA_CHECKS], partition_key=dataset, instance=instance, resources=res,
         run_config=small_run_config() if run_config is None else run_config, raise_on_error=False, selection=selection,
     )
 
@@ -39,7 +38,8 @@ def checks_by_name(result) -> dict:
 
 def run_hidden_states(instance, dataset: str, *, config: dict | None = None):
     """``hidden_states`` and its integrity check for a dataset whose corpus exists."""
-    from eagle3_assets.assets.hidden_states import hidden_states, shard_integrity
+    from eagle3_assets.hidden_states.assets import hidden_states
+    from eagle3_assets.hidden_states.checks import shard_integrity
 
     return dg.materialize(
         [*DATA_ASSETS, hidden_states, shard_integrity], partition_key=dataset, instance=instance,
@@ -49,8 +49,9 @@ def run_hidden_states(instance, dataset: str, *, config: dict | None = None):
 
 
 def run_drafter(instance, recipe: str, *, config: dict | None = None):
-    from eagle3_assets.assets.drafter import drafter_acceptance, drafter_checkpoint
-    from eagle3_assets.assets.hidden_states import hidden_states
+    from eagle3_assets.drafter.assets import drafter_checkpoint
+    from eagle3_assets.drafter.checks import drafter_acceptance
+    from eagle3_assets.hidden_states.assets import hidden_states
 
     return dg.materialize(
         [*DATA_ASSETS, hidden_states, drafter_checkpoint, drafter_acceptance], partition_key=recipe,

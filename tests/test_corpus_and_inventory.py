@@ -2,9 +2,9 @@ import json
 
 import polars as pl
 
-from eagle3_assets.assets.tokens import TOKEN_SCHEMA
-from eagle3_assets.core.corpus import eval_side, merge_corpus
-from eagle3_assets.core.inventory import read_inventory, response_frame, summarize, write_inventory
+from eagle3_assets.corpus.inventory import read_inventory, response_frame, summarize, write_inventory
+from eagle3_assets.corpus.merge import eval_side, merge_corpus
+from eagle3_assets.tokens.table import TOKEN_SCHEMA
 
 
 def token_row(sid, prompt, source="local", native=True, reason="stop", completion=3, text_len=5):

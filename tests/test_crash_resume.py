@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_assets.core.response_store import ResponseStore
+from eagle3_assets.generation.response_store import ResponseStore
 from tests.conftest import small_prompts, write_jsonl
 
 pytestmark = pytest.mark.model

@@ -14,18 +14,35 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_assets.core.drafter_export import export_sglang, export_vllm, load_vllm
-from eagle3_assets.core.drafter_model import (
-    DrafterConfig, KVCache, build_drafter, read_target_config, read_target_embeddings, read_target_lm_head,
+from eagle3_assets.drafter.export import export_sglang, export_vllm, load_vllm
+from eagle3_assets.drafter.model import (
+    DrafterConfig,
+    KVCache,
+    build_drafter,
+    read_target_config,
+    read_target_embeddings,
+    read_target_lm_head,
 )
-from eagle3_assets.core.drafter_train import (
-    FeatureBatches, Teacher, TrainConfig, add_target_ids, collate, load_checkpoint, latest_checkpoint, save_features,
+from eagle3_assets.drafter.recipes import RecipeError, list_recipes, load_recipe, parse_recipe
+from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate, target_features, untrained_baseline
+from eagle3_assets.drafter.train import (
+    FeatureBatches,
+    Teacher,
+    TrainConfig,
+    add_target_ids,
+    collate,
+    latest_checkpoint,
+    load_checkpoint,
+    save_features,
     train,
 )
-from eagle3_assets.core.recipes import RecipeError, list_recipes, load_recipe, parse_recipe
-from eagle3_assets.core.spec_decode import evaluate_acceptance, greedy_generate, target_features, untrained_baseline
-from eagle3_assets.core.vocab_map import (
-    StaleVocabMapError, build_vocab_map, check_vocab_map, count_tokens, counts_hash, load_or_build_vocab_map,
+from eagle3_assets.drafter.vocab_map import (
+    StaleVocabMapError,
+    build_vocab_map,
+    check_vocab_map,
+    count_tokens,
+    counts_hash,
+    load_or_build_vocab_map,
 )
 from eagle3_assets.paths import REPO_ROOT
 
@@ -293,7 +310,7 @@ def test_torchrun_two_processes_match_one_and_report_through_pipes(model_dir, fe
         }))
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
     pipes_env, messages = _pipes_env(tmp_path)
-    module = ["-m", "eagle3_assets.core.drafter_train", "--config"]
+    module = ["-m", "eagle3_assets.drafter.train", "--config"]
     procs = {
         "single": subprocess.Popen([sys.executable, *module, str(jobs["single"])], env={**base_env, **pipes_env},
                                    cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
@@ -397,8 +414,8 @@ def test_exports_load_in_a_fresh_process(trained, samples, model_dir, tmp_path):
     script = textwrap.dedent(f"""
         import torch
         from safetensors.torch import load_file
-        from eagle3_assets.core.drafter_export import load_sglang, load_vllm
-        from eagle3_assets.core.drafter_model import read_target_embeddings
+        from eagle3_assets.drafter.export import load_sglang, load_vllm
+        from eagle3_assets.drafter.model import read_target_embeddings
         io = load_file({str(tmp_path / 'io.safetensors')!r})
         models = {{"sglang": load_sglang({str(tmp_path / 'sglang')!r}, read_target_embeddings({str(model_dir)!r})),
                    "vllm": load_vllm({str(tmp_path / 'vllm')!r})}}

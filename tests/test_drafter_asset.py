@@ -2,12 +2,11 @@
 
 import json
 
+import dagster as dg
 import pytest
 
-import dagster as dg
-
-from eagle3_assets.core.drafter_export import check_sglang_export
-from eagle3_assets.core.recipes import load_recipe
+from eagle3_assets.drafter.export import check_sglang_export
+from eagle3_assets.drafter.recipes import load_recipe
 from resources import DatasetSettings
 from tests.conftest import small_prompts, write_jsonl
 from tests.dagster_helpers import checks_by_name, run_dataset, run_drafter, run_hidden_states
@@ -19,7 +18,7 @@ def test_demo_recipe_trains_through_pipes_and_is_measured(layout, model_dir):
     recipe = load_recipe("demo")
     settings = {"dataset_settings": DatasetSettings(eval_fraction=0.5)}
     with dg.instance_for_test() as instance:
-        for i, name in enumerate(recipe.datasets):
+        for name in recipe.datasets:
             write_jsonl(layout.prompt_source(name), small_prompts(4, prefix=f"{name}-"))
             assert run_dataset(instance, name, resources=settings).success
             assert run_hidden_states(instance, name).success

@@ -1,6 +1,6 @@
 import pytest
 
-from eagle3_assets.core.embedded_model import ensure_default_model
+from eagle3_assets.target.embedded import ensure_default_model
 
 pytestmark = pytest.mark.model
 

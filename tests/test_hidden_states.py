@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from eagle3_assets.core import hidden_layers, shards
-from eagle3_assets.core.hidden_extract import (
+from eagle3_assets.hidden_states.extract import extract_corpus, plan_batches, verify_shards
+from eagle3_assets.hidden_states.extractors import (
     Features,
     LocalExtractor,
     SGLangExtractor,
@@ -17,8 +18,7 @@ from eagle3_assets.core.hidden_extract import (
     features_from_packed,
     split_packed,
 )
-from eagle3_assets.core.hidden_states import extract_corpus, plan_batches, verify_shards
-from eagle3_assets.core.shard_reader import ShardReader
+from eagle3_assets.hidden_states.reader import ShardReader
 
 pytestmark = pytest.mark.model
 

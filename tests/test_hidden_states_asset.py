@@ -2,11 +2,10 @@
 
 import json
 
+import dagster as dg
 import pytest
 
-import dagster as dg
-
-from eagle3_assets.core.shard_reader import ShardReader
+from eagle3_assets.hidden_states.reader import ShardReader
 from tests.conftest import small_prompts, write_jsonl
 from tests.dagster_helpers import checks_by_name, run_dataset, run_hidden_states
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eagle3_assets.core.backends import OpenRouterBackend, SGLangBackend
-from eagle3_assets.core.budget import TokenBudget
-from eagle3_assets.core.http_engine import (
+from eagle3_assets.generation.backends import OpenRouterBackend, SGLangBackend
+from eagle3_assets.generation.budget import TokenBudget
+from eagle3_assets.generation.http_engine import (
     BackendUnavailable,
     ClientConfig,
     Prices,
@@ -34,10 +34,10 @@ from eagle3_assets.core.http_engine import (
     raise_for_stop,
     run_generation,
 )
-from eagle3_assets.core.prompts import Prompt
-from eagle3_assets.core.response_store import RESPONSE_FIELDS, ResponseStore
-from eagle3_assets.core.samples import SamplingSettings, plan_samples
-from eagle3_assets.loopback import (
+from eagle3_assets.generation.response_store import RESPONSE_FIELDS, ResponseStore
+from eagle3_assets.generation.samples import SamplingSettings, plan_samples
+from eagle3_assets.prompts.reader import Prompt
+from eagle3_assets.testing.loopback import (
     FaultPlan,
     ModelGenerator,
     OpenRouterApp,
@@ -167,7 +167,7 @@ def test_classify_retry_after_http_date_and_exceptions():
     assert classify_exception(httpx.ReadTimeout("t", request=req)).reason == "timeout"
     assert classify_exception(httpx.RemoteProtocolError("Server disconnected", request=req)).reason == "disconnected"
     assert classify_exception(httpx.ConnectError("refused", request=req)).reason == "connect_error"
-    assert classify_exception(asyncio.TimeoutError()).reason == "attempt_timeout"
+    assert classify_exception(TimeoutError()).reason == "attempt_timeout"
     assert all(classify_exception(e).kind == "retry" for e in [OSError("x"), httpx.ReadError("x", request=req)])
 
 
@@ -472,9 +472,9 @@ def test_kill_minus_nine_mid_run_then_resume(tmp_path, serve):
     child = (
         "import asyncio, json, sys\n"
         "from tests.test_http_generation import make_requests, openrouter_for_url, FAST\n"
-        "from eagle3_assets.core.http_engine import run_generation\n"
-        "from eagle3_assets.core.response_store import ResponseStore\n"
-        "from eagle3_assets.core.budget import TokenBudget\n"
+        "from eagle3_assets.generation.http_engine import run_generation\n"
+        "from eagle3_assets.generation.response_store import ResponseStore\n"
+        "from eagle3_assets.generation.budget import TokenBudget\n"
         "s = json.load(open(sys.argv[1]))\n"
         "reqs, sampling = make_requests(s['n'])\n"
         "asyncio.run(run_generation(reqs, openrouter_for_url(s['url']), ResponseStore(s['dir']), TokenBudget(10**9),\n"

@@ -1,12 +1,11 @@
 """One dataset through the asset with three backends in turn: local, SGLang, OpenRouter (loopback)."""
 
+import dagster as dg
 import polars as pl
 import pytest
 
-import dagster as dg
-
-from eagle3_assets.core.response_store import ResponseStore
-from eagle3_assets.loopback import ModelGenerator, OpenRouterApp, SGLangApp, serve_in_thread
+from eagle3_assets.generation.response_store import ResponseStore
+from eagle3_assets.testing.loopback import ModelGenerator, OpenRouterApp, SGLangApp, serve_in_thread
 from resources import OpenRouterResource, SGLangResource
 from tests.conftest import small_prompts, write_jsonl
 from tests.dagster_helpers import checks_by_name, run_dataset, small_run_config

@@ -1,12 +1,11 @@
 """The graph from a prompt file to a merged corpus, with the real embedded model."""
 
+import dagster as dg
 import duckdb
 import polars as pl
 import pytest
 
-import dagster as dg
-
-from eagle3_assets.core.response_store import ResponseStore
+from eagle3_assets.generation.response_store import ResponseStore
 from tests.conftest import small_prompts, write_jsonl
 from tests.dagster_helpers import checks_by_name, materialized, run_dataset, small_run_config, wrong_end_of_turn_tokenizer
 
@@ -89,7 +88,8 @@ def test_bad_prompt_file_fails_with_file_and_line_or_skips_when_configured(layou
         result = run_dataset(instance, "broken", selection=["prompts"], run_config={})
         assert not result.success
         failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-        message = failure.event_specific_data.error.cause.message if failure.event_specific_data.error.cause else failure.event_specific_data.error.message
+        error = failure.event_specific_data.error
+        message = error.cause.message if error.cause else error.message
         assert "broken.jsonl, line 2, field 'messages'" in message
         assert not layout.prompt_table("broken").exists()
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from eagle3_assets.core.prompts import PromptFileError, content_hash_id, read_prompt_file
+from eagle3_assets.prompts.reader import PromptFileError, content_hash_id, read_prompt_file
 from tests.conftest import write_jsonl
 
 
@@ -30,7 +30,8 @@ def test_content_hash_ids_are_stable_and_distinct():
 
 @pytest.mark.parametrize("row, line_field, reason", [
     ('{"messages": [{"role": "user", "content": "ok"}', "(line)", "not valid JSON"),
-    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, "messages[1]", "last turn must be the user's"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, "messages[1]",
+     "last turn must be the user's"),
     ({"messages": [{"role": "wizard", "content": "q"}]}, "messages[0].role", "unknown role"),
     ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content", "must be a string"),
     ({"conversations": [{"from": "alien", "value": "q"}]}, "conversations[0].from", "unknown speaker"),

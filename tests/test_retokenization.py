@@ -8,10 +8,10 @@ import duckdb
 import polars as pl
 import pytest
 
-from eagle3_assets.assets.tokens import TOKEN_SCHEMA
-from eagle3_assets.checks import special_token_result
-from eagle3_assets.core.kimi_test_tokenizer import KIMI_SLOTS, build_kimi_test_tokenizer
-from eagle3_assets.core.tokens import ContextLengthError, TargetTokenizer, build_token_row
+from eagle3_assets.testing.kimi_tokenizer import KIMI_SLOTS, build_kimi_test_tokenizer
+from eagle3_assets.tokens.checks import special_token_result
+from eagle3_assets.tokens.table import TOKEN_SCHEMA
+from eagle3_assets.tokens.tokenizer import ContextLengthError, TargetTokenizer, build_token_row
 
 SYSTEM = {"role": "system", "content": "You are Kimi."}
 
@@ -112,7 +112,8 @@ def test_kimi_thinking_off_and_missing_reasoning(kimi, kimi_no_think):
     assert cut["input_ids"][cut["prompt_len"]:] == kimi.encode_text("Let me think")
     # a template without a generation-prompt <think> (K2-Thinking style) gets the whole block
     ids = kimi.retokenize_completion("A", "stop", reasoning="R", prompt_ids=[1, 2])
-    assert ids == [kimi.think_start_id] + kimi.encode_text("R") + [kimi.think_end_id] + kimi.encode_text("A") + [kimi.end_of_turn_id]
+    assert ids == ([kimi.think_start_id] + kimi.encode_text("R") + [kimi.think_end_id] + kimi.encode_text("A")
+                   + [kimi.end_of_turn_id])
 
 
 def test_smollm2_has_no_think_tokens_so_reasoning_is_dropped(target_tokenizer):
@@ -174,8 +175,10 @@ def test_wrong_end_of_turn_is_named_with_both_ids_and_strings(kimi_dir, kimi, tm
     print(result.description)
     assert not result.passed
     eot = kimi.end_of_turn_id
-    assert f"1 stopped turns end with id {eot} ('<|im_end|>') instead of the end-of-turn string {word!r}, which is id {ordinary}" in result.description
-    assert f"the chat template closes assistant turns with '<|im_end|>' = id {eot}, but end_of_turn is configured as {word!r} = id {ordinary}" in result.description
+    assert (f"1 stopped turns end with id {eot} ('<|im_end|>') instead of the end-of-turn string {word!r}, "
+            f"which is id {ordinary}") in result.description
+    assert (f"the chat template closes assistant turns with '<|im_end|>' = id {eot}, but end_of_turn is configured "
+            f"as {word!r} = id {ordinary}") in result.description
     with duckdb.connect() as con:
         ok = special_token_result(kimi, con, str(_ok(kimi, tmp_path, msgs, prompt)))
     assert ok.passed, ok.description
@@ -204,7 +207,7 @@ def test_literal_special_strings(any_tok):
     assert not set(completion[:-1]) & tok.special_ids and completion[-1] == tok.end_of_turn_id
     assert tok.decode(completion[:-1]).endswith(f"Sure: {SPECIAL_STRINGS}")
     # prompt: rendered as the server renders it, so the user's literal <|im_end|> IS the special id
-    # (what the target was conditioned on); documented in eagle3_assets.core.tokens
+    # (what the target was conditioned on); documented in eagle3_assets.tokens.tokenizer
     prompt = t["input_ids"][: t["prompt_len"]]
     plain = tok.render_prompt([{"role": "user", "content": "Say please"}])
     assert prompt.count(tok.end_of_turn_id) == plain.count(tok.end_of_turn_id) + 1
@@ -271,7 +274,8 @@ def test_whitespace_only_text(any_tok):
 
 def test_prompt_longer_than_the_context(kimi, target_tokenizer):
     long_msgs = [{"role": "user", "content": "word " * 5000}]
-    with pytest.raises(ContextLengthError, match=r"sample long \(prompt 'p'\): prompt \d+ \+ completion \d+ = \d+ tokens exceeds max_length 4096"):
+    expected = r"sample long \(prompt 'p'\): prompt \d+ \+ completion \d+ = \d+ tokens exceeds max_length 4096"
+    with pytest.raises(ContextLengthError, match=expected):
         build_token_row(row(sample_id="long", text="ok"), long_msgs, kimi)
     msgs = [{"role": "user", "content": "Hi"}]
     text = "one two three four five six seven eight nine ten"

@@ -1,6 +1,6 @@
 import pytest
 
-from eagle3_assets.core.tokens import SpecialTokenError, TargetTokenizer, build_token_row, lookup_token_id, token_agreement
+from eagle3_assets.tokens.tokenizer import SpecialTokenError, build_token_row, lookup_token_id, token_agreement
 
 
 def test_token_agreement_is_alignment_based():

@@ -1,1 +1,0 @@
-"""The asset graph, one module per stage."""

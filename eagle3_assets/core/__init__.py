@@ -1,1 +1,0 @@
-"""Dagster-free core library: everything the assets call, testable on its own."""

@@ -1,0 +1,85 @@
+"""``inventory`` (per-dataset figures in metadata.duckdb) and ``merged_corpus`` (one row per sample)."""
+
+import dagster as dg
+import polars as pl
+
+from eagle3_assets.corpus.inventory import response_frame, summarize, write_inventory
+from eagle3_assets.corpus.merge import merge_corpus
+from eagle3_assets.files import write_parquet_atomic
+from eagle3_assets.generation.assets import raw_responses
+from eagle3_assets.generation.response_store import ResponseStore
+from eagle3_assets.metadata import md_table
+from eagle3_assets.partitions import datasets_partitions
+from eagle3_assets.plots import length_histogram
+from eagle3_assets.tokens.assets import token_ids
+from resources import DatasetSettings, StorageResource
+
+SHOWN = ["source", "responses", "completion_tokens", "mean_len", "p50_len", "p95_len",
+         "finish_reasons", "budget_used", "budget_remaining", "cost_usd"]
+
+
+@dg.asset(
+    partitions_def=datasets_partitions,
+    deps=[token_ids, raw_responses],
+    group_name="data",
+    kinds={"duckdb"},
+    pool="duckdb",
+    description="Responses, completion tokens, lengths, finish reasons, budget and cost per dataset and source.",
+)
+def inventory(context: dg.AssetExecutionContext, storage: StorageResource,
+              dataset_settings: DatasetSettings) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    layout = storage.layout
+    responses = ResponseStore(layout.responses_dir(dataset)).rows()
+    frame = response_frame(responses)
+    rows = summarize(dataset, frame, dataset_settings.budget_for(dataset))
+    write_inventory(layout.metadata_db, dataset, rows)
+    total = rows.filter(rows["source"] == "all").to_dicts()[0]
+    lengths: dict[str, list[int]] = {}
+    for r in responses:
+        lengths.setdefault(r["source"], []).append(r["completion_tokens"] or 0)
+    return dg.MaterializeResult(
+        metadata={
+            "inventory": md_table(rows.to_dicts(), SHOWN),
+            "length_histogram": dg.MetadataValue.md(length_histogram(lengths, f"{dataset}: completion lengths")),
+            "responses": total["responses"],
+            "completion_tokens": total["completion_tokens"],
+            "budget_tokens": total["budget_tokens"],
+            "budget_remaining": total["budget_remaining"],
+            "cost_usd": float(total["cost_usd"] or 0.0),
+            "p95_len": float(total["p95_len"] or 0.0),
+            "database": dg.MetadataValue.path(str(layout.metadata_db)),
+        }
+    )
+
+
+@dg.asset(
+    partitions_def=datasets_partitions,
+    deps=[token_ids, inventory],
+    group_name="data",
+    kinds={"parquet"},
+    description="Training sequences of one dataset, native ids preferred, failed and empty rows dropped.",
+)
+def merged_corpus(context: dg.AssetExecutionContext, storage: StorageResource,
+                  dataset_settings: DatasetSettings) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    layout = storage.layout
+    tokens = pl.read_parquet(layout.tokens(dataset))
+    corpus, stats = merge_corpus(tokens, dataset_settings.eval_fraction)
+    out = layout.corpus(dataset)
+    write_parquet_atomic(corpus, out)
+    return dg.MaterializeResult(
+        metadata={
+            "rows": corpus.height,
+            "train": stats.train,
+            "eval": stats.eval,
+            "tokens": int(corpus["input_ids"].list.len().sum() or 0),
+            "loss_tokens": int(corpus["completion_len"].sum() or 0),
+            "dropped_failed": stats.dropped_failed,
+            "dropped_empty": stats.dropped_empty,
+            "duplicates_resolved": stats.duplicates_resolved,
+            "prompts_answered_by_several_sources": stats.prompts_with_both_sources,
+            "by_source": stats.by_source,
+            "path": dg.MetadataValue.path(str(out)),
+        }
+    )

@@ -1,0 +1,88 @@
+"""Checks on ``inventory`` and ``merged_corpus``: budget, truncation and corpus integrity.
+
+DuckDB over the corpus Parquet file and (read-only) ``metadata.duckdb``; the budget and
+integrity checks block, the truncation rate warns.
+"""
+
+import dagster as dg
+
+from eagle3_assets.corpus.assets import inventory, merged_corpus
+from eagle3_assets.metadata import md_table
+from eagle3_assets.partitions import datasets_partitions
+from eagle3_assets.querying import SAMPLE, query_rows
+from resources import DatasetSettings, StorageResource
+
+
+@dg.asset_check(asset=inventory, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
+                description="Completion tokens of the dataset are within its budget.")
+def token_budget(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
+    with storage.query() as con:
+        rows = query_rows(con, "SELECT source, completion_tokens, budget_tokens, budget_used, budget_remaining "
+                          "FROM meta.inventory WHERE dataset = ? ORDER BY source = 'all', source",
+                     [context.partition_key])
+    total = next((r for r in rows if r["source"] == "all"), None)
+    if total is None:
+        return dg.AssetCheckResult(passed=False, description="no inventory row for this dataset")
+    ok = total["budget_used"] <= total["budget_tokens"]
+    return dg.AssetCheckResult(
+        passed=ok,
+        description=f"{total['budget_used']:,} of {total['budget_tokens']:,} tokens used",
+        metadata={"budget_tokens": total["budget_tokens"], "budget_used": total["budget_used"],
+                  "budget_remaining": total["budget_remaining"], "by_source": md_table(rows)},
+    )
+
+
+@dg.asset_check(asset=inventory, partitions_def=datasets_partitions, pool="duckdb",
+                description="Share of responses cut by the length limit (a warning, not a gate).")
+def truncation_rate(context: dg.AssetCheckExecutionContext, storage: StorageResource,
+                    dataset_settings: DatasetSettings) -> dg.AssetCheckResult:
+    with storage.query() as con:
+        row = con.execute("SELECT responses, truncated FROM meta.inventory WHERE dataset = ? AND source = 'all'",
+                          [context.partition_key]).fetchone()
+    responses, truncated = row if row else (0, 0)
+    rate = truncated / responses if responses else 0.0
+    return dg.AssetCheckResult(
+        passed=rate <= dataset_settings.max_truncation_rate, severity=dg.AssetCheckSeverity.WARN,
+        description=f"{truncated} of {responses} responses hit the length limit ({rate:.1%})",
+        metadata={"truncation_rate": rate, "truncated": truncated, "responses": responses,
+                  "max_truncation_rate": dataset_settings.max_truncation_rate},
+    )
+
+
+@dg.asset_check(asset=merged_corpus, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
+                description="No duplicate samples, train/eval split disjoint by prompt, no empty assistant mask.")
+def corpus_integrity(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
+    path = str(storage.layout.corpus(context.partition_key))
+    with storage.query() as con:
+        rows, train, eval_ = con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE split = 'train'), count(*) FILTER (WHERE split = 'eval') "
+            "FROM read_parquet(?)", [path]).fetchone()
+        dups = query_rows(con, "SELECT sample_id, count(*) AS copies FROM read_parquet(?) GROUP BY sample_id "
+                          "HAVING count(*) > 1 LIMIT ?", [path, SAMPLE])
+        n_dups = con.execute("SELECT count(*) FROM (SELECT sample_id FROM read_parquet(?) GROUP BY sample_id "
+                             "HAVING count(*) > 1)", [path]).fetchone()[0]
+        leaks = query_rows(con, "SELECT prompt_id, list(DISTINCT split) AS splits FROM read_parquet(?) GROUP BY prompt_id "
+                           "HAVING count(DISTINCT split) > 1", [path])
+        empty = query_rows(con, "SELECT sample_id, source, len(input_ids) AS length FROM read_parquet(?) "
+                           "WHERE list_sum(loss_mask) = 0 OR len(loss_mask) <> len(input_ids)", [path])
+    problems = []
+    if n_dups:
+        problems.append(f"{n_dups} duplicate sample ids")
+    if leaks:
+        problems.append(f"{len(leaks)} prompts appear in both train and eval")
+    if empty:
+        problems.append(f"{len(empty)} rows with an empty or misaligned loss mask")
+    if rows == 0:
+        problems.append("the corpus is empty")
+    offending = [dict(r, problem="duplicate") for r in dups]
+    offending += [dict(r, problem="split leak") for r in leaks[:SAMPLE]]
+    offending += [dict(r, problem="empty mask") for r in empty[:SAMPLE]]
+    return dg.AssetCheckResult(
+        passed=not problems,
+        description="; ".join(problems) or f"{rows} unique samples, {train} train / {eval_} eval",
+        metadata={"rows": rows, "train": train, "eval": eval_, "duplicates": n_dups,
+                  "split_leaks": len(leaks), "empty_masks": len(empty), "offending_rows": md_table(offending)},
+    )
+
+
+CORPUS_CHECKS = [token_budget, truncation_rate, corpus_integrity]

@@ -1,0 +1,108 @@
+"""Per-dataset inventory: responses, lengths, finish reasons, budget and cost, by source.
+
+Figures are computed by DuckDB over the response rows and stored in ``metadata.duckdb``,
+one row per (dataset, source) plus an ``all`` row. Only the inventory asset writes there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS inventory (
+    dataset VARCHAR, source VARCHAR, responses BIGINT, completion_tokens BIGINT,
+    prompt_tokens BIGINT, mean_len DOUBLE, p50_len DOUBLE, p95_len DOUBLE,
+    finish_reasons VARCHAR, truncated BIGINT, budget_tokens BIGINT, budget_used BIGINT,
+    budget_remaining BIGINT, cost_usd DOUBLE, updated_at TIMESTAMP,
+    PRIMARY KEY (dataset, source)
+)
+"""
+
+RESPONSE_COLUMNS = {
+    "sample_id": pl.Utf8, "source": pl.Utf8, "finish_reason": pl.Utf8,
+    "completion_tokens": pl.Int64, "prompt_tokens": pl.Int64, "cost_usd": pl.Float64,
+}
+
+SUMMARY_SQL = """
+SELECT coalesce(source, 'all') AS source,
+       count(*) AS responses,
+       coalesce(sum(completion_tokens), 0)::BIGINT AS completion_tokens,
+       coalesce(sum(prompt_tokens), 0)::BIGINT AS prompt_tokens,
+       avg(completion_tokens) AS mean_len,
+       quantile_cont(completion_tokens, 0.5) AS p50_len,
+       quantile_cont(completion_tokens, 0.95) AS p95_len,
+       count(*) FILTER (WHERE finish_reason = 'length') AS truncated,
+       coalesce(sum(cost_usd), 0) AS cost_usd
+FROM responses GROUP BY ROLLUP (source) ORDER BY source = 'all', source
+"""
+
+
+def response_frame(rows: list[dict]) -> pl.DataFrame:
+    data = {k: [r.get(k) for r in rows] for k in RESPONSE_COLUMNS}
+    return pl.DataFrame(data, schema=RESPONSE_COLUMNS)
+
+
+def summarize(dataset: str, responses: pl.DataFrame, budget_tokens: int) -> pl.DataFrame:
+    """Inventory rows for one dataset: each source, then ``all``."""
+    con = duckdb.connect()
+    con.register("responses", responses.to_arrow())
+    summary = con.execute(SUMMARY_SQL).pl()
+    reasons = con.execute(
+        "SELECT coalesce(source, 'all') AS source, finish_reason, count(*) AS n FROM responses "
+        "GROUP BY GROUPING SETS ((source, finish_reason), (finish_reason))"
+    ).fetchall()
+    con.close()
+    if responses.height == 0:
+        summary = pl.DataFrame({"source": ["all"]}).join(summary, on="source", how="left")
+        summary = summary.with_columns(pl.col("responses", "completion_tokens", "prompt_tokens", "truncated").fill_null(0),
+                                       pl.col("cost_usd").fill_null(0.0))
+    by_source: dict[str, dict] = {}
+    for source, reason, n in reasons:
+        by_source.setdefault(source, {})[str(reason)] = n
+    used = int(responses["completion_tokens"].sum() or 0)
+    return summary.with_columns(
+        pl.lit(dataset).alias("dataset"),
+        pl.col("source").map_elements(lambda s: json.dumps(by_source.get(s, {}), sort_keys=True),
+                                      return_dtype=pl.Utf8).alias("finish_reasons"),
+        pl.lit(budget_tokens, pl.Int64).alias("budget_tokens"),
+        pl.lit(used, pl.Int64).alias("budget_used"),
+        pl.lit(budget_tokens - used, pl.Int64).alias("budget_remaining"),
+    ).select(
+        "dataset", "source", "responses", "completion_tokens", "prompt_tokens", "mean_len", "p50_len",
+        "p95_len", "finish_reasons", "truncated", "budget_tokens", "budget_used", "budget_remaining", "cost_usd",
+    )
+
+
+def write_inventory(db_path: Path, dataset: str, rows: pl.DataFrame) -> None:
+    """Replace the dataset's rows in one transaction; the connection is held briefly."""
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(str(db_path))
+    try:
+        con.execute(SCHEMA)
+        con.execute("BEGIN")
+        con.execute("DELETE FROM inventory WHERE dataset = ?", [dataset])
+        con.register("new_rows", rows.to_arrow())
+        con.execute("INSERT INTO inventory SELECT *, now() FROM new_rows")
+        con.execute("COMMIT")
+    finally:
+        con.close()
+
+
+def read_inventory(db_path: Path, dataset: str | None = None) -> pl.DataFrame:
+    """Inventory rows, opened read-only so readers never block the single writer."""
+    if not Path(db_path).exists():
+        return pl.DataFrame()
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        sql = "SELECT * FROM inventory"
+        params: list = []
+        if dataset is not None:
+            sql += " WHERE dataset = ?"
+            params.append(dataset)
+        return con.execute(sql + " ORDER BY dataset, source = 'all', source", params).pl()
+    finally:
+        con.close()

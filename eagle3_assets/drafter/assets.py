@@ -1,0 +1,110 @@
+"""``drafter_checkpoint``: an EAGLE-3 drafter per training recipe, trained on hidden-state shards.
+
+Training runs in a separate process launched through Dagster Pipes (``torchrun`` when more
+than one process is asked for), so the same trainer moves to a GPU cluster unchanged; the
+asset then measures acceptance length by real chain speculative decoding on held-out prompts.
+"""
+
+import base64
+import json
+import math
+import os
+import sys
+from dataclasses import asdict
+
+import dagster as dg
+
+from eagle3_assets.drafter.evaluate import eval_prompts, evaluate_drafter, train_split_sizes
+from eagle3_assets.drafter.recipes import list_recipes, load_recipe
+from eagle3_assets.hidden_states.assets import hidden_states
+from eagle3_assets.metadata import md_table
+from resources import EmbeddedModelResource, StorageResource
+
+recipe_partitions = dg.StaticPartitionsDefinition(list_recipes() or ["demo"])
+
+
+class DrafterTrainingConfig(dg.Config):
+    nproc_per_node: int = 1  # >1 launches torchrun with DDP (gloo on CPU, nccl on GPU)
+    threads: int = 0  # torch threads per process (0: torch's default)
+    device: str = "auto"
+    resume: bool = True
+
+
+@dg.asset(
+    partitions_def=recipe_partitions,
+    deps=[dg.AssetDep(hidden_states, partition_mapping=dg.AllPartitionMapping())],
+    group_name="gpu",
+    kinds={"pytorch", "safetensors"},
+    pool="gpu",
+    description="EAGLE-3 drafter trained on the recipe's hidden-state shards, exported for SGLang and vLLM.",
+)
+def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainingConfig, storage: StorageResource,
+                       embedded_model: EmbeddedModelResource) -> dg.MaterializeResult:
+    from eagle3_assets.drafter.train import TrainConfig
+
+    recipe = load_recipe(context.partition_key)
+    layout = storage.layout
+    out = layout.drafter_dir(recipe.name)
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = train_split_sizes(layout, recipe.datasets)
+    samples = sum(w * sizes[d] for d, w in recipe.datasets.items())
+    train = TrainConfig.from_recipe(recipe, steps_per_epoch=max(1, math.ceil(samples / recipe.batch_size)))
+    model_dir = embedded_model.resolved_dir()
+    job = {
+        "target_dir": str(model_dir), "out_dir": str(out),
+        "features": [str(layout.hidden_states_dir(d)) for d in recipe.datasets],
+        "weights": [float(w) for w in recipe.datasets.values()],
+        "train": asdict(train), "draft_vocab_size": recipe.draft_vocab_size,
+        "intermediate_size": recipe.intermediate_size, "aux_layer_ids": recipe.aux_layer_ids,
+        "resume": config.resume, "threads": config.threads, "device": config.device,
+        "export": {"sglang": True, "vllm": True, "dtype": "bfloat16", "speculative_k": recipe.speculative_k},
+        "pipes_asset_key": "drafter_checkpoint",
+    }
+    job_path = out / "job.json"
+    job_path.write_text(json.dumps(job, indent=2))
+    trainer = [sys.executable, "-m", "eagle3_assets.drafter.train", "--config", str(job_path)]
+    if config.nproc_per_node > 1:
+        trainer = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={config.nproc_per_node}", "-m", "eagle3_assets.drafter.train",
+                   "--config", str(job_path)]
+    context.log.info(f"training {recipe.name}: {samples:.0f} samples per epoch, {train.max_steps} steps: {' '.join(trainer)}")
+    invocation = dg.PipesSubprocessClient().run(context=context, command=trainer, env=dict(os.environ))
+    pipes_meta = {}
+    for event in invocation.get_results():
+        if isinstance(event, dg.MaterializeResult) and event.metadata:
+            pipes_meta.update(event.metadata)
+    result = json.loads((out / "result.json").read_text())
+    if result.get("stopped_early"):
+        raise RuntimeError(f"training of {recipe.name} stopped before its last step; re-run to resume")
+
+    prompts = eval_prompts(layout, recipe.datasets, recipe.eval_samples)
+    if not prompts:
+        raise ValueError(f"recipe {recipe.name}: its datasets have no held-out (eval) samples to measure acceptance on")
+    evaluation = evaluate_drafter(model_dir, out / "sglang", prompts, recipe)
+    (out / "eval.json").write_text(json.dumps(evaluation, indent=2))
+    t, u = evaluation["trained"], evaluation["untrained"]
+    context.log.info(f"acceptance length {t['acceptance_length']:.3f} (untrained {u['acceptance_length']:.3f}) "
+                     f"on {len(prompts)} prompts")
+    curve = out / "training_curve.png"
+    positions = [{"position": i + 1, "trained": a, "untrained": b}
+                 for i, (a, b) in enumerate(zip(t["per_position_rate"], u["per_position_rate"]))]
+    return dg.MaterializeResult(
+        metadata={
+            "acceptance_length": t["acceptance_length"],
+            "acceptance_length_no_bonus": t["acceptance_length_no_bonus"],
+            "untrained_acceptance_length": u["acceptance_length"],
+            "acceptance_floor": recipe.acceptance_floor,
+            "matches_greedy": t["matches_greedy"],
+            "acceptance_per_position": md_table(positions),
+            "eval_prompts": len(prompts),
+            "train_samples_per_epoch": samples,
+            "steps": train.max_steps,
+            **{k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+            **pipes_meta,
+            "training_curve": dg.MetadataValue.md(
+                f"![training curve](data:image/png;base64,{base64.b64encode(curve.read_bytes()).decode()})"
+                if curve.exists() else "_(no curve)_"),
+            "sglang_export": dg.MetadataValue.path(str(out / "sglang")),
+            "vllm_export": dg.MetadataValue.path(str(out / "vllm")),
+        }
+    )

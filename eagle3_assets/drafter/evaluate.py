@@ -1,0 +1,59 @@
+"""What the drafter asset needs around training: split sizes, held-out prompts, acceptance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+
+def train_split_sizes(layout, datasets: dict[str, float]) -> dict[str, int]:
+    """Stored (not quarantined) training samples per dataset, from each shard directory's index."""
+    from eagle3_assets.hidden_states.reader import ShardReader
+
+    sizes = {}
+    for name in datasets:
+        d = layout.hidden_states_dir(name)
+        if not (d / "manifest.json").exists():
+            raise FileNotFoundError(f"no hidden states for dataset {name!r} at {d}: materialize hidden_states[{name}] first")
+        with ShardReader(d) as reader:
+            sizes[name] = len(reader.sample_ids("train"))
+    return sizes
+
+
+def eval_prompts(layout, datasets, limit: int) -> list[list[int]]:
+    """Prompt ids of the held-out split, taken round-robin across the recipe's datasets."""
+    per = []
+    for name in datasets:
+        corpus = pl.read_parquet(layout.corpus(name), columns=["input_ids", "prompt_len", "split"])
+        ev = corpus.filter(pl.col("split") == "eval")
+        per.append([ids[:n] for ids, n in zip(ev["input_ids"].to_list(), ev["prompt_len"].to_list())])
+    out = []
+    for i in range(max((len(p) for p in per), default=0)):
+        out += [p[i] for p in per if i < len(p)]
+    return out[:limit]
+
+
+def evaluate_drafter(model_dir: Path, export_dir: Path, prompts: list[list[int]], recipe) -> dict:
+    """Acceptance of the exported drafter (loaded from its files alone) and of an untrained one."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eagle3_assets.drafter.export import load_sglang
+    from eagle3_assets.drafter.model import read_target_embeddings
+    from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate, untrained_baseline
+
+    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    drafter = load_sglang(export_dir, read_target_embeddings(model_dir)).float().eval()
+    stop = target.generation_config.eos_token_id
+    stop = list(stop) if isinstance(stop, (list, tuple)) else [stop]
+    k, n = recipe.speculative_k, recipe.eval_max_new_tokens
+    greedy = [greedy_generate(target, p, max_new_tokens=n, stop_ids=stop) for p in prompts]
+    out = {}
+    for name, model in (("trained", drafter), ("untrained", untrained_baseline(drafter, seed=recipe.seed + 1))):
+        rep = evaluate_acceptance(target, model, prompts, k=k, max_new_tokens=n, stop_ids=stop, greedy_reference=greedy)
+        out[name] = {"acceptance_length": rep.acceptance_length, "acceptance_length_no_bonus": rep.acceptance_length_no_bonus,
+                     "per_position_rate": list(rep.per_position_rate), "verify_steps": rep.verify_steps,
+                     "matches_greedy": bool(rep.matches_greedy)}
+    out.update(prompts=len(prompts), k=k, max_new_tokens=n, floor=recipe.acceptance_floor)
+    return out

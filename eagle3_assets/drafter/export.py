@@ -1,0 +1,282 @@
+"""Serving exports of a trained drafter, and loaders that rebuild it from those files alone.
+
+SGLang (``--speculative-algorithm EAGLE3 --speculative-draft-model-path <dir>``), the layout of
+``LlamaForCausalLMEagle3``:
+
+- ``config.json``: architectures ``["LlamaForCausalLMEagle3"]``, ``model_type`` llama, one
+  hidden layer, the target's ``vocab_size`` and ``max_position_embeddings``, ``draft_vocab_size``,
+  legacy ``rope_theta``/``rope_scaling`` (SGLang reads those, not ``rope_parameters``),
+  ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang's "output of layer k" ids; the
+  target reads them from here to know what to capture), ``torch_dtype``;
+- ``model.safetensors``: ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight`` in
+  ``torch_dtype``, ``d2t`` int64, ``t2d`` bool, and no ``embed_tokens`` (SGLang uses the
+  target's).
+
+vLLM / speculators (``vllm serve <dir>`` pairs it with the verifier): a speculators config
+(``speculators_model_type`` eagle3, ``transformer_layer_config``, ``speculators_config``) whose
+``eagle_aux_hidden_state_layer_ids`` use vLLM's numbering (our id + 1), every speculators-only
+option set off (``norm_before_residual`` and friends: vLLM defaults some of them *on*, which
+would run a different network than was trained), and weights named ``layers.0.*`` with the
+frozen ``embed_tokens.weight`` included, as speculators checkpoints carry it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
+
+SGLANG_ARCH = "LlamaForCausalLMEagle3"
+SPECULATORS_ARCH = "Eagle3Speculator"
+SPECULATORS_VERSION = "0.4.0"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SGLANG_REQUIRED = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _write_dir_atomic(out_dir: Path, files: dict[str, object]) -> Path:
+    """Write every file into a temporary sibling, then swap it into place, so a reader never
+    sees a half-written export. ``files`` maps names to a JSON-able dict or a tensor dict."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        for name, payload in files.items():
+            if name.endswith(".json"):
+                (tmp / name).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+            else:
+                save_file({k: v.contiguous() for k, v in payload.items()}, str(tmp / name), metadata={"format": "pt"})
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        if out_dir.exists():
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _llama_fields(cfg: DrafterConfig) -> dict:
+    """The Llama config fields both serving engines read for the one draft layer."""
+    return {
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": cfg.rope_scaling,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+    }
+
+
+def _weights(model: Eagle3Drafter, dtype: torch.dtype, rename=lambda k: k, embeddings: bool = False) -> dict:
+    out = {}
+    for k, v in model.state_dict().items():
+        if k.startswith("embed_tokens.") and not embeddings:
+            continue
+        v = v.detach().cpu()
+        if k not in ("d2t", "t2d"):
+            v = v.to(dtype)
+        out[rename(k)] = v
+    out["d2t"] = out["d2t"].to(torch.int64)
+    out["t2d"] = out["t2d"].to(torch.bool)
+    return out
+
+
+def _config_from_llama(llama: dict, draft_vocab_size: int, target_hidden_size: int, aux_ids: list[int]) -> DrafterConfig:
+    return DrafterConfig(
+        hidden_size=llama["hidden_size"], intermediate_size=llama["intermediate_size"],
+        num_attention_heads=llama["num_attention_heads"], num_key_value_heads=llama["num_key_value_heads"],
+        head_dim=llama.get("head_dim") or llama["hidden_size"] // llama["num_attention_heads"],
+        rms_norm_eps=llama["rms_norm_eps"], rope_theta=llama["rope_theta"],
+        max_position_embeddings=llama["max_position_embeddings"], vocab_size=llama["vocab_size"],
+        draft_vocab_size=draft_vocab_size, target_hidden_size=target_hidden_size,
+        aux_layer_ids=list(aux_ids), rope_scaling=llama.get("rope_scaling"),
+        hidden_act=llama.get("hidden_act", "silu"),
+    )
+
+
+def _rebuild(cfg: DrafterConfig, weights: dict, embeddings: torch.Tensor) -> Eagle3Drafter:
+    model = Eagle3Drafter(cfg)
+    state = {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
+    state["embed_tokens.weight"] = embeddings.float()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"export does not match the drafter: missing {missing}, unexpected {unexpected}")
+    return model.eval()
+
+
+# ----------------------------------------------------------------------------- SGLang
+
+
+def sglang_config(cfg: DrafterConfig, dtype: str = "bfloat16") -> dict:
+    return {
+        "architectures": [SGLANG_ARCH],
+        **_llama_fields(cfg),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+            "use_aux_hidden_state": True,
+        },
+        "torch_dtype": dtype,
+    }
+
+
+def export_sglang(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16") -> Path:
+    """``config.json`` + ``model.safetensors`` in SGLang's ``LlamaForCausalLMEagle3`` layout."""
+    weights = _weights(model, DTYPES[dtype])
+    missing = [k for k in SGLANG_REQUIRED if k not in weights]
+    if missing or any(k.startswith("embed_tokens") for k in weights):
+        raise ValueError(f"SGLang export would be wrong: missing {missing} or carries the embedding")
+    return _write_dir_atomic(out_dir, {"config.json": sglang_config(model.config, dtype), "model.safetensors": weights})
+
+
+def load_sglang(export_dir: Path, embeddings: torch.Tensor) -> Eagle3Drafter:
+    """Rebuild the drafter from an SGLang export plus the target's embedding matrix."""
+    from safetensors.torch import load_file
+
+    export_dir = Path(export_dir)
+    c = json.loads((export_dir / "config.json").read_text())
+    if c.get("architectures") != [SGLANG_ARCH] or c.get("num_hidden_layers") != 1:
+        raise ValueError(f"{export_dir}: not a one-layer {SGLANG_ARCH} export")
+    cfg = _config_from_llama(c, c["draft_vocab_size"], c.get("target_hidden_size") or c["hidden_size"],
+                             c["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    return _rebuild(cfg, load_file(str(export_dir / "model.safetensors")), embeddings)
+
+
+# ----------------------------------------------------------------------------- vLLM / speculators
+
+
+def _to_speculators_name(k: str) -> str:
+    return "layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k
+
+
+def _from_speculators_name(k: str) -> str:
+    return "midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k
+
+
+def vllm_config(cfg: DrafterConfig, *, dtype: str, verifier: str, verifier_architectures: list[str],
+                speculative_tokens: int) -> dict:
+    from eagle3_assets.hidden_states.layers import to_speculators_ids
+
+    return {
+        "architectures": [SPECULATORS_ARCH],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": {**_llama_fields(cfg), "architectures": ["LlamaForCausalLM"]},
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": to_speculators_ids(cfg.aux_layer_ids),
+        # The SGLang-layout network: residual from the raw hidden, no extra norms.
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "embed_requires_grad": False,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{
+                "proposal_type": "greedy",
+                "speculative_tokens": speculative_tokens,
+                "accept_tolerance": 0.0,
+                "verifier_accept_k": 1,
+            }],
+            "verifier": {"name_or_path": verifier, "architectures": verifier_architectures},
+        },
+        "torch_dtype": dtype,
+    }
+
+
+def export_vllm(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16", verifier: str = "",
+                verifier_architectures: list[str] | None = None, speculative_tokens: int = 3) -> Path:
+    """A speculators-format EAGLE-3 checkpoint for vLLM."""
+    if verifier and not verifier_architectures and (Path(verifier) / "config.json").exists():
+        verifier_architectures = json.loads((Path(verifier) / "config.json").read_text()).get("architectures")
+    cfg = vllm_config(model.config, dtype=dtype, verifier=verifier,
+                      verifier_architectures=list(verifier_architectures or []), speculative_tokens=speculative_tokens)
+    weights = _weights(model, DTYPES[dtype], rename=_to_speculators_name, embeddings=True)
+    return _write_dir_atomic(out_dir, {"config.json": cfg, "model.safetensors": weights})
+
+
+def load_vllm(export_dir: Path, embeddings: torch.Tensor | None = None) -> Eagle3Drafter:
+    """Rebuild the drafter from a speculators export; its own embedding unless one is given."""
+    from safetensors.torch import load_file
+
+    export_dir = Path(export_dir)
+    c = json.loads((export_dir / "config.json").read_text())
+    if c.get("speculators_model_type") != "eagle3":
+        raise ValueError(f"{export_dir}: not a speculators eagle3 checkpoint")
+    for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+        if c.get(flag, flag == "norm_before_residual"):  # vLLM's default for the first is True
+            raise ValueError(f"{export_dir}: {flag} is on; this drafter has no such norm")
+    layer = c["transformer_layer_config"]
+    cfg = _config_from_llama(layer, c["draft_vocab_size"], c.get("target_hidden_size") or layer["hidden_size"],
+                             [i - 1 for i in c["eagle_aux_hidden_state_layer_ids"]])
+    weights = {_from_speculators_name(k): v for k, v in load_file(str(export_dir / "model.safetensors")).items()}
+    emb = weights.pop("embed_tokens.weight", None)
+    if embeddings is None:
+        if emb is None:
+            raise ValueError(f"{export_dir}: no embed_tokens.weight; pass the target's embeddings")
+        embeddings = emb
+    return _rebuild(cfg, weights, embeddings)
+
+
+SGLANG_CONFIG_KEYS = ("architectures", "draft_vocab_size", "vocab_size", "hidden_size", "max_position_embeddings",
+                      "num_attention_heads", "num_key_value_heads", "rope_theta", "eagle_config")
+
+
+def check_sglang_export(export_dir: Path) -> list[str]:
+    """Problems with an SGLang export's files (empty when it follows the serving contract)."""
+    from safetensors import safe_open
+
+    export_dir = Path(export_dir)
+    cfg_path, weights_path = export_dir / "config.json", export_dir / "model.safetensors"
+    if not cfg_path.exists() or not weights_path.exists():
+        return [f"{export_dir}: config.json or model.safetensors is missing"]
+    cfg = json.loads(cfg_path.read_text())
+    problems = [f"config.json lacks {k!r}" for k in SGLANG_CONFIG_KEYS if k not in cfg]
+    if cfg.get("architectures") != ["LlamaForCausalLMEagle3"]:
+        problems.append(f"architectures is {cfg.get('architectures')}, not ['LlamaForCausalLMEagle3']")
+    if not (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
+        problems.append("eagle_config.eagle_aux_hidden_state_layer_ids is missing")
+    with safe_open(str(weights_path), framework="pt") as f:
+        names = set(f.keys())
+        dtypes = {k: f.get_slice(k).get_dtype() for k in ("d2t", "t2d") if k in names}
+        shapes = {k: f.get_slice(k).get_shape() for k in ("lm_head.weight", "d2t", "t2d") if k in names}
+    for need in ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"):
+        if need not in names:
+            problems.append(f"model.safetensors lacks {need}")
+    if not any(n.startswith("midlayer.") for n in names):
+        problems.append("model.safetensors has no midlayer.* weights")
+    if any("embed_tokens" in n for n in names):
+        problems.append("model.safetensors holds embed_tokens (SGLang takes the target's)")
+    if dtypes.get("d2t") not in (None, "I64"):
+        problems.append(f"d2t is {dtypes['d2t']}, not int64")
+    if dtypes.get("t2d") not in (None, "BOOL"):
+        problems.append(f"t2d is {dtypes['t2d']}, not bool")
+    if "lm_head.weight" in shapes and shapes["lm_head.weight"][0] != cfg.get("draft_vocab_size"):
+        problems.append(f"lm_head rows {shapes['lm_head.weight'][0]} != draft_vocab_size {cfg.get('draft_vocab_size')}")
+    if "t2d" in shapes and shapes["t2d"][0] != cfg.get("vocab_size"):
+        problems.append(f"t2d length {shapes['t2d'][0]} != vocab_size {cfg.get('vocab_size')}")
+    return problems

@@ -1,0 +1,417 @@
+"""The EAGLE-3 drafter: one Llama decoder layer fed by the target's own features.
+
+Shapes (H = target hidden size, which is also the drafter's: it reuses the target embeddings):
+
+    aux  [B, T, 3H] --fc--> h [B, T, H]            (three target layers, fused)
+    ids  [B, T]     --embed_tokens (frozen)--> e [B, T, H]
+    midlayer:  x = cat(input_layernorm(e), hidden_norm(h))        [B, T, 2H]
+               h = h + o_proj(attention(q/k/v_proj(x)))           (residual is the raw h)
+               h = h + mlp(post_attention_layernorm(h))
+    logits = lm_head(norm(h))  over the draft vocabulary; ``h`` (pre-norm) is the next step's hidden.
+
+Module names are SGLang's ``LlamaForCausalLMEagle3`` weight names (``fc``, ``midlayer.*``,
+``norm``, ``lm_head``, buffers ``d2t``/``t2d``), so export is a rename-free copy.
+
+The layer is the same in training and decoding; only what a query may attend to differs, and
+that lives in two small "attention context" objects:
+
+- ``TTTContext`` (training-time test, see ``Eagle3Drafter.forward``): step 0 is ordinary causal
+  attention over the target-feature entries; at unrolled step s the query at index t attends to
+  the step-0 keys at indices <= t plus its own chain's keys from steps 1..s at index t (the
+  "diagonal"). That is exactly what chain drafting sees when drafting s tokens past position t.
+- ``KVCache`` (decoding): a growing cache; new queries see every cached entry and, causally,
+  each other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: list[int] = field(default_factory=list)  # "output of decoder layer k" ids
+    rope_scaling: dict | None = None
+    hidden_act: str = "silu"
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        if self.hidden_act != "silu":
+            raise ValueError(f"only the SwiGLU (silu) MLP is implemented, got {self.hidden_act!r}")
+        if self.rope_scaling not in (None, {}) and self.rope_scaling.get("rope_type", self.rope_scaling.get("type")) != "default":
+            raise ValueError(f"rope scaling {self.rope_scaling} is not implemented; only default rope")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    @classmethod
+    def from_target(
+        cls,
+        target: dict,
+        *,
+        draft_vocab_size: int,
+        aux_layer_ids: list[int] | None = None,
+        intermediate_size: int | None = None,
+    ) -> DrafterConfig:
+        """A drafter shaped like one layer of the target (a Llama-style ``config.json`` dict)."""
+        from eagle3_assets.hidden_states.layers import resolve_layer_ids
+
+        text = target.get("text_config") or target
+        heads = int(text["num_attention_heads"])
+        rope = text.get("rope_parameters") or {}
+        theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
+        scaling = text.get("rope_scaling")
+        if scaling is None and rope.get("rope_type", "default") != "default":
+            scaling = dict(rope)
+        return cls(
+            hidden_size=int(text["hidden_size"]),
+            intermediate_size=int(intermediate_size or text["intermediate_size"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(text.get("num_key_value_heads") or heads),
+            head_dim=int(text.get("head_dim") or text["hidden_size"] // heads),
+            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            max_position_embeddings=int(text["max_position_embeddings"]),
+            vocab_size=int(text["vocab_size"]),
+            draft_vocab_size=int(draft_vocab_size),
+            target_hidden_size=int(text["hidden_size"]),
+            aux_layer_ids=resolve_layer_ids(int(text["num_hidden_layers"]), aux_layer_ids),
+            rope_scaling=scaling,
+            hidden_act=text.get("hidden_act", "silu"),
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DrafterConfig:
+        return cls(**d)
+
+
+# ----------------------------------------------------------------------------- target files
+
+
+def read_target_config(model_dir: Path) -> dict:
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def read_target_tensor(model_dir: Path, *names: str) -> torch.Tensor:
+    """The first of ``names`` found in the target's safetensors files (sharded or not),
+    read without building the model."""
+    from safetensors import safe_open
+
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = {n: model_dir / weight_map[n] for n in names if n in weight_map}
+    else:
+        files = {n: model_dir / "model.safetensors" for n in names}
+    for name in names:
+        if name in files:
+            with safe_open(str(files[name]), framework="pt") as fh:
+                if name in fh.keys():
+                    return fh.get_tensor(name)
+    raise KeyError(f"{model_dir}: none of {names} in the target's weights")
+
+
+def read_target_embeddings(model_dir: Path) -> torch.Tensor:
+    """The target's input embedding matrix [V, H] (what the drafter embeds tokens with)."""
+    return read_target_tensor(model_dir, "model.embed_tokens.weight", "embed_tokens.weight",
+                              "model.language_model.embed_tokens.weight")
+
+
+def read_target_lm_head(model_dir: Path) -> torch.Tensor:
+    """The target's output head [V, H]; the embedding matrix when the target ties them."""
+    cfg = read_target_config(model_dir)
+    if cfg.get("tie_word_embeddings", False):
+        return read_target_embeddings(model_dir)
+    return read_target_tensor(model_dir, "lm_head.weight", "language_model.lm_head.weight")
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """Default (unscaled) RoPE with the target's theta, in Llama's rotate-half layout."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[..., None] * self.inv_freq  # [B, T, d/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, h, T, d]; cos/sin [B, T, d]."""
+    cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Llama GQA attention whose q/k/v read the 2H-wide concat of embedding and hidden."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(2 * h, self.n_heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.n_kv * d, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.n_kv * d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
+
+    def forward(self, x, cos, sin, context) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        rep = self.n_heads // self.n_kv  # grouped-query: each kv head serves `rep` query heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = context.attend(q, k, v, scale=1.0 / math.sqrt(self.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3Layer(nn.Module):
+    """SGLang's ``midlayer``: norms on both inputs, residual from the hidden stream."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on token embeddings
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the hidden stream
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, emb, hidden, cos, sin, context) -> torch.Tensor:
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
+        hidden = hidden + self.self_attn(x, cos, sin, context)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+# ----------------------------------------------------------------------------- attention contexts
+
+
+class TTTContext:
+    """Training-time test attention over T positions unrolled for several steps.
+
+    Entry (step j, index t) stands for the virtual sequence position t + j: the step-0 entries
+    are built from the target's features, the later ones from the drafter's own outputs along
+    the chain that starts after position t. A query (step s, index t) may see step-0 keys at
+    indices u <= t (and not padding) and the keys (step j, index t) for 1 <= j <= s. Rotary
+    positions are t + s, so relative distances are those of real chain decoding.
+    """
+
+    def __init__(self, key_valid: torch.Tensor):
+        t = key_valid.shape[1]
+        idx = torch.arange(t, device=key_valid.device)
+        causal = idx[None, :] <= idx[:, None]
+        diag = idx[None, :] == idx[:, None]  # always visible, so padded rows never go all -inf
+        self.mask = (causal & key_valid[:, None, :]) | diag  # [B, T, T]
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def attend(self, q, k, v, scale: float) -> torch.Tensor:
+        self.keys.append(k)
+        self.values.append(v)
+        k0, v0 = self.keys[0], self.values[0]
+        scores = (q @ k0.transpose(-1, -2)) * scale  # [B, h, T, T]
+        scores = scores.masked_fill(~self.mask[:, None], float("-inf"))
+        if len(self.keys) == 1:
+            return scores.softmax(-1) @ v0
+        chain_k = torch.stack(self.keys[1:], dim=-2)  # [B, h, T, s, d]
+        chain_v = torch.stack(self.values[1:], dim=-2)
+        chain_scores = (q[..., None, :] * chain_k).sum(-1) * scale  # [B, h, T, s]
+        probs = torch.cat([scores, chain_scores], dim=-1).softmax(-1)
+        t = scores.shape[-1]
+        return probs[..., :t] @ v0 + (probs[..., t:, None] * chain_v).sum(-2)
+
+
+class KVCache:
+    """Keys/values of already processed entries for incremental decoding (batch of one or more)."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def truncate(self, length: int) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+
+    def attend(self, q, k, v, scale: float) -> torch.Tensor:
+        past = len(self)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        t, total = q.shape[2], self.k.shape[2]
+        qi = torch.arange(t, device=q.device)[:, None] + past
+        mask = torch.arange(total, device=q.device)[None, :] <= qi  # [t, total]
+        scores = (q @ self.k.transpose(-1, -2)) * scale
+        scores = scores.masked_fill(~mask, float("-inf"))
+        return scores.softmax(-1) @ self.v
+
+
+# ----------------------------------------------------------------------------- the drafter
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.config = cfg
+        with torch.random.fork_rng(devices=[]):  # default inits must not move the global RNG
+            self._build(cfg)
+
+    def _build(self, cfg: DrafterConfig) -> None:
+        h = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, h)  # the target's, frozen, never exported to SGLang
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, h, bias=False)
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+
+    # -- setup
+
+    def init_weights(self, seed: int) -> Eagle3Drafter:
+        """Deterministic init from ``seed`` alone (normal(0, initializer_range), unit norms),
+        without touching the global RNG."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name == "embed_tokens.weight":
+                    continue
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) * self.config.initializer_range)
+        return self
+
+    def set_embeddings(self, weight: torch.Tensor) -> Eagle3Drafter:
+        if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
+            raise ValueError(f"target embeddings {tuple(weight.shape)} do not fit {tuple(self.embed_tokens.weight.shape)}")
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(weight)
+        return self
+
+    def set_vocab_map(self, vmap) -> Eagle3Drafter:
+        from eagle3_assets.drafter.vocab_map import check_vocab_map
+
+        check_vocab_map(vmap, draft_vocab_size=self.config.draft_vocab_size, target_vocab_size=self.config.vocab_size)
+        self.d2t.copy_(vmap.d2t)
+        self.t2d.copy_(vmap.t2d)
+        return self
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything but the frozen target embedding (which any loader re-reads from the target)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("embed_tokens.")}
+
+    # -- the pieces a decoder loop calls
+
+    def project_aux(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """[.., 3H] target features -> [.., H] hidden stream."""
+        return self.fc(aux_hidden)
+
+    def step(self, ids, hidden, positions, context) -> torch.Tensor:
+        """One pass of the midlayer: tokens ``ids`` with hidden stream ``hidden`` at ``positions``
+        (all [B, T]); returns the pre-norm hidden output [B, T, H]."""
+        emb = self.embed_tokens(ids)
+        cos, sin = self.rotary(positions, hidden.dtype)
+        return self.midlayer(emb, hidden, cos, sin, context)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    # -- training
+
+    def forward(self, input_ids, aux_hidden, attention_mask=None, ttt_steps: int = 1) -> list[torch.Tensor]:
+        """Unrolled training-time test. Returns the draft logits [B, T, N] of every step.
+
+        Step s at index t reads token ``input_ids[t + 1 + s]`` (ground truth, zero past the end)
+        and predicts token ``t + 2 + s``. Step 0 reads the target's features at t; step s > 0
+        reads the drafter's own hidden output of step s - 1 at the same index (its chain).
+        """
+        b, t = input_ids.shape
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        valid = attention_mask.bool()
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        context = TTTContext(valid)
+        hidden = self.project_aux(aux_hidden)
+        out = []
+        for s in range(ttt_steps):
+            ids = shift_left(input_ids, s + 1, fill=0)
+            hidden = self.step(ids, hidden, positions + s, context)
+            out.append(self.logits(hidden))
+        return out
+
+
+def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
+    """x[:, t + n] at index t along dim 1, ``fill`` past the end."""
+    if n == 0:
+        return x
+    pad = x.new_full((x.shape[0], min(n, x.shape[1]), *x.shape[2:]), fill)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def build_drafter(cfg: DrafterConfig, embeddings: torch.Tensor, vmap=None, *, seed: int = 0) -> Eagle3Drafter:
+    """A freshly initialised drafter with the target's embeddings (and a vocabulary map)."""
+    model = Eagle3Drafter(cfg).init_weights(seed).set_embeddings(embeddings)
+    if vmap is not None:
+        model.set_vocab_map(vmap)
+    return model

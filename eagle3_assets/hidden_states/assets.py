@@ -1,0 +1,109 @@
+"""``hidden_states``: the target's EAGLE-3 features for every sample of a dataset's corpus."""
+
+import hashlib
+import json
+import sys
+import time
+
+import dagster as dg
+
+from eagle3_assets.corpus.assets import merged_corpus
+from eagle3_assets.metadata import md_table
+from eagle3_assets.partitions import datasets_partitions
+from resources import EmbeddedModelResource, StorageResource
+
+
+class HiddenStatesConfig(dg.Config):
+    backend: str = "local"  # "local" (transformers) or "sglang" (in-process engine, GPU only)
+    sglang_model_path: str = ""  # the target checkpoint SGLang loads (backend "sglang")
+    dtype: str = "bf16"  # "bf16" or "fp8" (e4m3 with a per-token scale; half the bytes)
+    shard_bytes: int = 1 << 30
+    batch_tokens: int = 4096
+    layer_ids: list[int] = []  # empty: the model's default auxiliary layers
+    retry_quarantined: bool = False
+
+
+def build_extractor(config: HiddenStatesConfig, embedded_model: EmbeddedModelResource):
+    from eagle3_assets.core import hidden_extract
+
+    if config.backend == "local":
+        return hidden_extract.LocalExtractor(
+            embedded_model.resolved_dir(), layer_ids=config.layer_ids or None, device=embedded_model.device
+        )
+    if config.backend == "sglang":
+        from transformers import AutoConfig
+
+        path = config.sglang_model_path or str(embedded_model.resolved_dir())
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=True)
+        cfg = getattr(cfg, "text_config", cfg)
+        return hidden_extract.SGLangExtractor(
+            path, hidden_size=cfg.hidden_size, num_layers=cfg.num_hidden_layers,
+            layer_ids=config.layer_ids or None, vocab_size=cfg.vocab_size,
+        )
+    raise ValueError(f"unknown hidden-state backend {config.backend!r} (expected 'local' or 'sglang')")
+
+
+@dg.asset(
+    partitions_def=datasets_partitions,
+    deps=[merged_corpus],
+    group_name="gpu",
+    kinds={"safetensors", "torch"},
+    pool="gpu",
+    description="Auxiliary + final hidden states per token in sharded safetensors, with index and manifest.",
+)
+def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig, storage: StorageResource,
+                  embedded_model: EmbeddedModelResource) -> dg.MaterializeResult:
+    from tqdm import tqdm
+
+    from eagle3_assets.hidden_states.extract import extract_corpus
+
+    dataset = context.partition_key
+    layout = storage.layout
+    out = layout.hidden_states_dir(dataset)
+    extractor = build_extractor(config, embedded_model)
+    bar = tqdm(desc=f"hidden states {dataset}", unit="tok", unit_scale=True, file=sys.stderr)
+    last_log = [time.monotonic()]
+
+    def progress(rep):
+        bar.total = rep.tokens_todo
+        bar.update(rep.tokens_extracted - bar.n)
+        if time.monotonic() - last_log[0] > 10:
+            last_log[0] = time.monotonic()
+            context.log.info(f"{rep.extracted} samples, {rep.tokens_extracted:,} tokens, {rep.tokens_per_s:,.0f} tokens/s")
+
+    try:
+        report = extract_corpus(
+            layout.corpus(dataset), out, extractor, dtype=config.dtype, shard_bytes=config.shard_bytes,
+            batch_tokens=config.batch_tokens, progress=progress, retry_quarantined=config.retry_quarantined,
+        )
+    finally:
+        bar.close()
+    manifest = json.loads((out / "manifest.json").read_text())
+    tokens = manifest["num_tokens"]
+    if report.quarantined_total:
+        context.log.warning(f"{report.quarantined_total} samples quarantined (non-finite states or bad rows)")
+    return dg.MaterializeResult(
+        metadata={
+            "samples_planned": report.planned,
+            "extracted_now": report.extracted,
+            "already_done": report.already_done,
+            "quarantined": report.quarantined_total,
+            "tokens": tokens,
+            "bytes": manifest["bytes"],
+            "bytes_per_token": manifest["bytes_per_token"],
+            "payload_bytes": manifest["payload_bytes"],
+            "disk_needed_with_margin": report.preflight.get("need_bytes"),
+            "free_bytes_before": report.preflight.get("free_bytes"),
+            "tokens_per_s": round(report.tokens_per_s, 1),
+            "shards": report.shards_total,
+            "shards_kept_from_earlier_runs": report.shards_kept,
+            "dtype": config.dtype,
+            "aux_layer_ids": str(manifest["layers"]["aux_layer_ids"]),
+            "hf_hidden_states_index": str(manifest["layers"]["hf_hidden_states_index"]),
+            "layer_convention": manifest["layers"]["convention"],
+            "quarantined_samples": md_table(manifest.get("quarantined", [])[:20]),
+            "manifest": dg.MetadataValue.path(str(out / "manifest.json")),
+        },
+        data_version=dg.DataVersion(
+            hashlib.sha256(json.dumps(manifest.get("shards", []), sort_keys=True).encode()).hexdigest()[:16]),
+    )

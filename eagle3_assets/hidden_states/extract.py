@@ -1,0 +1,345 @@
+"""The hidden-state stage: a merged corpus in, verified shards + index + manifest out.
+
+``extract_corpus`` checks the disk first, skips samples already in finished shards (resume),
+batches the rest by length (little padding), quarantines samples whose states are not finite
+or whose rows cannot be prefilled, and writes the manifest last. ``verify_shards`` is the
+integrity check the asset check runs: every corpus sample stored exactly once or listed as
+quarantined, token-exact ids and masks, shapes and dtypes, finite values, checksums.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from eagle3_assets.hidden_states.shards import (
+    INDEX,
+    MANIFEST,
+    SHARD_RE,
+    ShardWriter,
+    check_dtype,
+    dequantize_fp8,
+    estimate_bytes,
+    preflight,
+    sha256_file,
+)
+
+CORPUS_COLUMNS = ("sample_id", "split", "input_ids", "loss_mask")
+
+
+@dataclass
+class ExtractionReport:
+    out_dir: str
+    planned: int = 0
+    already_done: int = 0
+    extracted: int = 0
+    quarantined_new: int = 0
+    quarantined_total: int = 0
+    tokens_extracted: int = 0
+    tokens_todo: int = 0  # tokens this run set out to extract (known from the start; for progress bars)
+    tokens_total: int = 0  # tokens stored in all shards once the run ends (before: stored + todo)
+    batches: int = 0
+    shards_kept: int = 0
+    shards_written: int = 0
+    shards_total: int = 0
+    shards_dropped: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    forward_seconds: float = 0.0
+    write_seconds: float = 0.0
+    stale_ids: int = 0  # stored samples the corpus no longer has (verify_shards flags them)
+    preflight: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_extracted / self.seconds if self.seconds > 0 else 0.0
+
+
+def load_corpus(corpus_parquet: Path | str) -> pl.DataFrame:
+    frame = pl.read_parquet(corpus_parquet, columns=list(CORPUS_COLUMNS))
+    dup = frame.height - frame["sample_id"].n_unique()
+    if dup:
+        raise ValueError(f"{corpus_parquet}: {dup} duplicate sample ids; the merged corpus must be unique")
+    return frame
+
+
+def plan_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Row indices grouped longest first, each group's padded size ``n * max_len`` within budget."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        width = lengths[cur[0]] if cur else lengths[i]
+        if cur and (len(cur) + 1) * width > batch_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def _problem(n: int, m: int | None, lo: int | None, hi: int | None, vocab: int | None) -> str | None:
+    """Why a corpus row cannot be prefilled, from its length, mask length and id range."""
+    if not n:
+        return "empty sequence"
+    if m != n:
+        return f"loss_mask has {m} entries for {n} tokens"
+    if vocab is not None and (lo < 0 or hi >= vocab):
+        return f"token ids outside the target vocab (0..{vocab - 1})"
+    return None
+
+
+def _nonfinite(feat) -> str | None:
+    """A sum is finite only if every value is (barring an overflow, which then counts exactly)."""
+    import torch
+
+    if bool(torch.isfinite(feat.aux.sum(dtype=torch.float32)) & torch.isfinite(feat.last.sum(dtype=torch.float32))):
+        return None
+    bad_aux = int((~torch.isfinite(feat.aux)).sum())
+    bad_last = int((~torch.isfinite(feat.last)).sum())
+    if bad_aux or bad_last:
+        return f"non-finite hidden states: {bad_aux} aux values, {bad_last} final values"
+    return None
+
+
+def extract_corpus(
+    corpus_parquet: Path | str,
+    out_dir: Path | str,
+    extractor,
+    *,
+    dtype: str = "bf16",
+    shard_bytes: int = 1 << 30,
+    batch_tokens: int = 4096,
+    progress: Callable[[ExtractionReport], None] | None = None,
+    disk_margin: float = 0.1,
+    retry_quarantined: bool = False,
+    background_writes: bool = True,
+) -> ExtractionReport:
+    """Extract every corpus sample not yet stored; safe to re-run after a crash.
+
+    ``batch_tokens`` bounds the padded size of one forward batch; ``shard_bytes`` the size of
+    one shard file. With ``background_writes`` a shard is written while the next batch runs.
+    """
+    check_dtype(dtype)
+    out_dir = Path(out_dir)
+    started = time.perf_counter()
+    corpus = load_corpus(corpus_parquet)
+    desc = extractor.describe()
+    hidden = int(extractor.hidden_size)
+    report = ExtractionReport(out_dir=str(out_dir), planned=corpus.height)
+
+    writer = ShardWriter(out_dir, hidden_size=hidden, dtype=dtype, shard_bytes=shard_bytes,
+                         meta={"target": desc["target"], "layers": desc["layers"]}, background=background_writes)
+    if retry_quarantined:
+        writer.quarantined.clear()  # re-extracted now; a new quarantine record is written if it fails again
+    corpus_ids = set(corpus["sample_id"].to_list())
+    report.stale_ids = len((writer.done_ids | set(writer.quarantined)) - corpus_ids)
+    todo = corpus.filter(~pl.col("sample_id").is_in(list(writer.done_ids | set(writer.quarantined))))
+    report.already_done = corpus.height - todo.height
+    report.shards_kept = writer.stats.shards_kept
+    report.shards_dropped = writer.stats.shards_dropped
+
+    stats = todo.select(
+        pl.col("input_ids").list.len().alias("n"), pl.col("loss_mask").list.len().alias("m"),
+        pl.col("input_ids").list.min().alias("lo"), pl.col("input_ids").list.max().alias("hi"),
+    )
+    lengths = stats["n"].to_list()
+    report.tokens_todo = sum(n or 0 for n in lengths)
+    report.tokens_total = sum(r["tokens"] for r in writer.shards) + report.tokens_todo
+    try:
+        report.preflight = preflight(out_dir, estimate_bytes(report.tokens_todo, hidden, dtype, todo.height), disk_margin)
+    except Exception:
+        writer.abort()
+        raise
+
+    sid_col = todo["sample_id"].to_list()
+    split_col = todo["split"].to_list()
+    vocab = getattr(extractor, "vocab_size", None)
+    good: list[int] = []
+    for i, (n, m, lo, hi) in enumerate(stats.iter_rows()):
+        why = _problem(n, m, lo, hi, vocab)
+        if why is None:
+            good.append(i)
+        else:
+            writer.quarantine(sid_col[i], split_col[i], n, why)
+            report.quarantined_new += 1
+
+    try:
+        for batch in plan_batches([lengths[i] for i in good], batch_tokens):
+            rows = [good[j] for j in batch]
+            part = todo[rows]  # only this batch's ids become Python lists
+            t0 = time.perf_counter()
+            feats = extractor.extract(part["input_ids"].to_list())
+            report.forward_seconds += time.perf_counter() - t0
+            for i, feat, ids, mask in zip(rows, feats, part["input_ids"].to_list(), part["loss_mask"].to_list()):
+                why = _nonfinite(feat)
+                if why is not None:
+                    writer.quarantine(sid_col[i], split_col[i], lengths[i], why)
+                    report.quarantined_new += 1
+                    continue
+                writer.add(sid_col[i], split_col[i], ids, mask, feat.aux, feat.last)
+                report.extracted += 1
+                report.tokens_extracted += lengths[i]
+            report.batches += 1
+            if progress is not None:
+                report.seconds = time.perf_counter() - started
+                progress(report)
+        manifest = writer.close({
+            "corpus": {"path": str(corpus_parquet), "rows": corpus.height, "sha256": sha256_file(Path(corpus_parquet))},
+            "backend": desc.get("backend"),
+            "extraction": {"batch_tokens": batch_tokens, "shard_bytes": shard_bytes},
+        })
+    except BaseException:
+        writer.abort()
+        raise
+    report.shards_written = writer.stats.shards_written
+    report.write_seconds = writer.stats.write_seconds
+    report.shards_total = len(manifest["shards"])
+    report.bytes = manifest["bytes"]
+    report.tokens_total = manifest["num_tokens"]
+    report.quarantined_total = manifest["num_quarantined"]
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+# ---- verification ---------------------------------------------------------------------------
+
+@dataclass
+class VerifyReport:
+    ok: bool = True
+    problems: list[str] = field(default_factory=list)
+    corpus_samples: int = 0
+    stored_samples: int = 0
+    quarantined: int = 0
+    tokens: int = 0
+    shards: int = 0
+    bytes: int = 0
+
+    def fail(self, msg: str) -> None:
+        self.ok = False
+        if len(self.problems) < 100:
+            self.problems.append(msg)
+
+
+def _check_shard(path: Path, entry: dict, rows: pl.DataFrame, corpus: pl.DataFrame, manifest: dict,
+                 report: VerifyReport, chunk_tokens: int) -> None:
+    import numpy as np
+    import torch
+    from safetensors import safe_open
+
+    name = entry["file"]
+    if not path.exists():
+        return report.fail(f"{name}: listed in the manifest but missing")
+    if path.stat().st_size != entry["bytes"]:
+        return report.fail(f"{name}: {path.stat().st_size} bytes on disk, manifest says {entry['bytes']}")
+    if sha256_file(path) != entry["sha256"]:
+        return report.fail(f"{name}: sha256 does not match the manifest")
+    h, w = manifest["hidden_size"], manifest["aux_width"]
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        ids = json.loads(meta.get("sample_ids", "[]"))
+        rows = rows.sort("sample_pos")
+        if ids != rows["sample_id"].to_list():
+            return report.fail(f"{name}: sample ids in the shard differ from the index")
+        n = entry["tokens"]
+        expect = {"input_ids": [n], "loss_mask": [n], "aux_hidden": [n, w], "last_hidden": [n, h],
+                  "offsets": [len(ids) + 1]}
+        if manifest["dtype"] == "fp8":
+            expect.update(aux_scale=[n], last_scale=[n])
+        for key, shape in expect.items():
+            if key not in f.keys():
+                return report.fail(f"{name}: tensor {key} missing")
+            sl = f.get_slice(key)
+            if list(sl.get_shape()) != shape:
+                return report.fail(f"{name}: {key} has shape {sl.get_shape()}, expected {shape}")
+            want = manifest["storage_dtypes"][key]
+            got = str(f.get_slice(key)[0:1].dtype).removeprefix("torch.")
+            if got != want:
+                return report.fail(f"{name}: {key} is {got}, manifest says {want}")
+        offsets = f.get_tensor("offsets").tolist()
+        lengths = rows["length"].to_list()
+        if offsets[:-1] != rows["offset"].to_list() or offsets[-1] != n or \
+                [b - a for a, b in zip(offsets, offsets[1:])] != lengths:
+            return report.fail(f"{name}: offsets disagree with the index")
+        exp = rows.select("sample_id", "sample_pos").join(corpus, on="sample_id", how="left").sort("sample_pos")
+        exp_ids = np.asarray(exp["input_ids"].explode().to_numpy(), dtype=np.int64)
+        exp_mask = np.asarray(exp["loss_mask"].explode().to_numpy(), dtype=np.int64)
+        if len(exp_ids) != n or not np.array_equal(f.get_tensor("input_ids").numpy().astype(np.int64), exp_ids):
+            return report.fail(f"{name}: input_ids differ from the corpus")
+        if len(exp_mask) != n or not np.array_equal(f.get_tensor("loss_mask").numpy().astype(np.int64), exp_mask):
+            return report.fail(f"{name}: loss_mask differs from the corpus")
+        for a in range(0, n, chunk_tokens):
+            b = min(n, a + chunk_tokens)
+            for key in ("aux", "last"):
+                x = f.get_slice(f"{key}_hidden")[a:b]
+                if manifest["dtype"] == "fp8":
+                    x = dequantize_fp8(x, f.get_slice(f"{key}_scale")[a:b])
+                if not bool(torch.isfinite(x).all()):
+                    return report.fail(f"{name}: non-finite {key} values in tokens {a}..{b}")
+    report.tokens += n
+
+
+def verify_shards(out_dir: Path | str, corpus_parquet: Path | str, *, chunk_tokens: int = 1 << 15) -> VerifyReport:
+    """Integrity of a finished extraction against its corpus; ``report.ok`` and ``report.problems``."""
+    out_dir = Path(out_dir)
+    report = VerifyReport()
+    corpus = load_corpus(corpus_parquet)
+    report.corpus_samples = corpus.height
+    if not (out_dir / MANIFEST).exists():
+        report.fail(f"{out_dir / MANIFEST} is missing")
+        return report
+    manifest = json.loads((out_dir / MANIFEST).read_text())
+    index = pl.read_parquet(out_dir / manifest.get("index", INDEX))
+    report.shards = len(manifest["shards"])
+    report.bytes = manifest["bytes"]
+
+    counts = index.group_by("sample_id").len().filter(pl.col("len") > 1)
+    for sid, n in counts.iter_rows():
+        report.fail(f"sample {sid} appears {n} times in the index")
+    have = set(index["sample_id"].to_list())
+    want = set(corpus["sample_id"].to_list())
+    missing, extra = want - have, have - want
+    if missing:
+        report.fail(f"{len(missing)} corpus samples neither stored nor quarantined, e.g. {sorted(missing)[:3]}")
+    if extra:
+        report.fail(f"{len(extra)} stored samples are not in the corpus, e.g. {sorted(extra)[:3]}")
+
+    quarantined = index.filter(pl.col("quarantined"))
+    report.quarantined = quarantined.height
+    listed = {q["sample_id"] for q in manifest.get("quarantined", [])}
+    if set(quarantined["sample_id"].to_list()) != listed or manifest.get("num_quarantined") != len(listed):
+        report.fail("quarantined samples in the index and the manifest disagree")
+    if quarantined.filter(pl.col("reason").is_null() | (pl.col("reason") == "")).height:
+        report.fail("a quarantined sample has no reason")
+
+    stored = index.filter(~pl.col("quarantined"))
+    report.stored_samples = stored.height
+    lens = stored.join(corpus.select("sample_id", pl.col("input_ids").list.len().alias("clen")), on="sample_id")
+    bad = lens.filter(pl.col("length") != pl.col("clen"))
+    if bad.height:
+        report.fail(f"{bad.height} samples stored with a length different from the corpus")
+
+    listed_files = {e["file"] for e in manifest["shards"]}
+    for p in out_dir.glob("shard-*.safetensors"):
+        if SHARD_RE.match(p.name) and p.name not in listed_files:
+            report.fail(f"{p.name}: shard on disk not listed in the manifest")
+    by_shard = {k[0]: g for k, g in stored.group_by("shard")}
+    if set(by_shard) - listed_files:
+        report.fail(f"index points at shards the manifest does not list: {sorted(set(by_shard) - listed_files)[:3]}")
+    for entry in manifest["shards"]:
+        rows = by_shard.get(entry["file"])
+        if rows is None or rows.height != entry["n_samples"]:
+            report.fail(f"{entry['file']}: index holds {0 if rows is None else rows.height} samples, "
+                        f"manifest says {entry['n_samples']}")
+            continue
+        _check_shard(out_dir / entry["file"], entry, rows, corpus, manifest, report, chunk_tokens)
+    if report.ok and (report.tokens != manifest["num_tokens"] or report.stored_samples != manifest["num_samples"]):
+        report.fail(f"manifest counts {manifest['num_samples']} samples / {manifest['num_tokens']} tokens, "
+                    f"shards hold {report.stored_samples} / {report.tokens}")
+    return report

@@ -1,0 +1,498 @@
+"""Hidden-state shards: many samples packed along the token axis in safetensors files.
+
+One shard holds ``input_ids`` [N] int32, ``loss_mask`` [N] int8, ``aux_hidden`` [N, 3H],
+``last_hidden`` [N, H] and ``offsets`` [S+1] int64 (sample starts, token axis), plus
+``aux_scale``/``last_scale`` [N] float32 in fp8 mode. The sample ids ride in the safetensors
+metadata so a shard describes itself. bf16 costs 8H bytes per token; fp8 (e4m3, one scale per
+token and tensor, scale = amax/448) costs 4H + 8.
+
+Crash safety: a shard is streamed to a temporary file, fsync'd and renamed into place, and only
+then recorded in ``progress.jsonl`` (one fsync'd line per shard). On restart, shards listed there
+are kept untouched; samples that were buffered for an unfinished shard are simply redone, and a
+shard file that never made it into the progress file is removed. Samples whose states are not
+finite are quarantined: recorded in the progress file, the index and the manifest, never written
+and never silently dropped.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from eagle3_assets.files import write_parquet_atomic
+
+FORMAT = "eagle3-hidden-states/1"
+DTYPES = ("bf16", "fp8")
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
+PROGRESS = "progress.jsonl"
+SETTINGS = "settings.json"
+INDEX = "index.parquet"
+MANIFEST = "manifest.json"
+# Settings that must agree between a run and the shards already on disk.
+SETTINGS_KEYS = ("format", "dtype", "hidden_size", "n_aux", "target", "layers")
+_PER_SAMPLE_OVERHEAD = 128  # offsets entry, id in the shard header, index row
+_FIXED_OVERHEAD = 1 << 20  # manifest, index footer, progress file, shard headers
+
+_ST_DTYPE = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float32": "F32", "float16": "F16",
+             "int64": "I64", "int32": "I32", "int8": "I8", "uint8": "U8"}
+
+INDEX_SCHEMA = {
+    "sample_id": pl.Utf8, "split": pl.Utf8, "shard": pl.Utf8, "sample_pos": pl.Int32,
+    "offset": pl.Int64, "length": pl.Int32, "quarantined": pl.Boolean, "reason": pl.Utf8,
+}
+
+
+class InsufficientDiskSpace(OSError):
+    pass
+
+
+def check_dtype(dtype: str) -> str:
+    if dtype not in DTYPES:
+        raise ValueError(f"hidden-state dtype must be one of {DTYPES}, got {dtype!r}")
+    return dtype
+
+
+def bytes_per_token(hidden: int, dtype: str = "bf16", n_aux: int = 3) -> int:
+    """Shard bytes per token: the hidden states, fp8 scales, the id (int32) and mask (int8)."""
+    width = (n_aux + 1) * hidden
+    states = width * 2 if check_dtype(dtype) == "bf16" else width + 2 * 4
+    return states + 4 + 1
+
+
+def estimate_bytes(n_tokens: int, hidden: int, dtype: str = "bf16", n_samples: int = 0, n_aux: int = 3) -> int:
+    """Disk needed for ``n_tokens`` tokens in ``n_samples`` samples, overheads included."""
+    return n_tokens * bytes_per_token(hidden, dtype, n_aux) + n_samples * _PER_SAMPLE_OVERHEAD + _FIXED_OVERHEAD
+
+
+def _existing(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def preflight(path: Path | str, estimate: int, margin: float = 0.1) -> dict:
+    """Refuse to start when the filesystem holding ``path`` lacks ``estimate * (1 + margin)``."""
+    need = int(estimate * (1 + margin))
+    where = _existing(Path(path))
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise InsufficientDiskSpace(
+            f"not enough disk for hidden states at {path}: need {need:,} bytes "
+            f"({estimate:,} estimated + {margin:.0%} margin), only {free:,} free on {where}"
+        )
+    return {"path": str(path), "need_bytes": need, "free_bytes": free}
+
+
+# ---- fp8 ------------------------------------------------------------------------------------
+
+def quantize_fp8(x):
+    """Per-token (row) e4m3 quantization: ``q = x / scale`` with ``scale = amax / 448``.
+
+    e4m3 keeps 3 mantissa bits, so each element is off by at most 1/16 of the row's amax.
+    """
+    import torch
+
+    x = x.float()
+    amax = x.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (x / scale.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale.to(torch.float32)
+
+
+def dequantize_fp8(q, scale, dtype=None):
+    import torch
+
+    out = q.to(torch.float32) * scale.to(torch.float32).unsqueeze(-1)
+    return out.to(dtype) if dtype is not None else out
+
+
+def encode_sample(input_ids, loss_mask, aux, last, dtype: str) -> dict:
+    """Storage tensors of one sample (CPU, contiguous, storage dtypes)."""
+    import torch
+
+    out = {
+        "input_ids": torch.as_tensor(input_ids, dtype=torch.int32).cpu().contiguous(),
+        "loss_mask": torch.as_tensor(loss_mask, dtype=torch.int8).cpu().contiguous(),
+    }
+    if dtype == "bf16":
+        out["aux_hidden"] = aux.detach().to("cpu", torch.bfloat16).contiguous()
+        out["last_hidden"] = last.detach().to("cpu", torch.bfloat16).contiguous()
+    else:
+        for name, x in (("aux", aux), ("last", last)):
+            q, s = quantize_fp8(x.detach())
+            out[f"{name}_hidden"], out[f"{name}_scale"] = q.cpu().contiguous(), s.cpu().contiguous()
+    return out
+
+
+# ---- safetensors streaming writer -----------------------------------------------------------
+
+def _raw(t):
+    import torch
+
+    return t.contiguous().view(torch.uint8).numpy().data if t.numel() else b""
+
+
+def write_safetensors(path: Path, tensors: dict, metadata: dict[str, str]) -> tuple[int, str, int]:
+    """Stream ``{name: (dtype, shape, [chunks])}`` into a safetensors file.
+
+    Writes chunks one after another (no concatenated copy) and hashes them on the way.
+    Tensors are laid out by element size, largest first, so each starts naturally aligned.
+    Returns (file bytes, sha256 hex, tensor payload bytes).
+    """
+    order = sorted(tensors, key=lambda n: -tensors[n][0].itemsize)
+    header: dict = {"__metadata__": metadata}
+    pos = 0
+    for name in order:
+        dt, shape, chunks = tensors[name]
+        n = sum(c.numel() for c in chunks) * dt.itemsize
+        header[name] = {"dtype": _ST_DTYPE[str(dt).removeprefix("torch.")], "shape": list(shape),
+                        "data_offsets": [pos, pos + n]}
+        pos += n
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)
+    h = hashlib.sha256()
+    with open(path, "wb") as fh:
+        for part in (struct.pack("<Q", len(blob)), blob):
+            fh.write(part)
+            h.update(part)
+        for name in order:
+            for c in tensors[name][2]:
+                raw = _raw(c)
+                fh.write(raw)
+                h.update(raw)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return 8 + len(blob) + pos, h.hexdigest(), pos
+
+
+def sha256_file(path: Path, block: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# ---- progress file --------------------------------------------------------------------------
+
+def read_progress(path: Path) -> list[dict]:
+    """Complete records of the progress file; a torn last line (crash mid-append) is cut off."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    keep = data.rfind(b"\n") + 1
+    if keep < len(data):
+        with path.open("r+b") as fh:
+            fh.truncate(keep)
+    return [json.loads(line) for line in data[:keep].decode("utf-8").splitlines() if line.strip()]
+
+
+@dataclass
+class _Pending:
+    sample_id: str
+    split: str
+    tensors: dict
+    tokens: int
+    nbytes: int
+
+
+@dataclass
+class WriterStats:
+    shards_kept: int = 0
+    shards_written: int = 0
+    shards_dropped: int = 0  # listed in progress but missing/short on disk: their samples redo
+    orphans_removed: int = 0
+    samples_written: int = 0
+    tokens_written: int = 0
+    quarantined_new: int = 0
+    write_seconds: float = 0.0
+    dropped_files: list = field(default_factory=list)
+
+
+class ShardWriter:
+    """Accumulates samples, writes a shard whenever ``shard_bytes`` would be exceeded.
+
+    Shard writes run on one background thread (at most one in flight), so extraction of the
+    next batch overlaps the write, hash and fsync of the previous shard.
+    """
+
+    def __init__(
+        self,
+        out_dir: Path | str,
+        *,
+        hidden_size: int,
+        dtype: str = "bf16",
+        shard_bytes: int = 1 << 30,
+        n_aux: int = 3,
+        meta: dict | None = None,
+        background: bool = True,
+    ):
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.hidden = int(hidden_size)
+        self.n_aux = n_aux
+        self.dtype = check_dtype(dtype)
+        self.shard_bytes = int(shard_bytes)
+        self.meta = dict(meta or {})
+        self.stats = WriterStats()
+        self._pending: list[_Pending] = []
+        self._pending_bytes = 0
+        self._pending_ids: set[str] = set()
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, "shard-writer") if background else None
+        self._inflight: concurrent.futures.Future | None = None
+        self._settings = self._check_settings()
+        self._load()
+
+    # -- resume ---------------------------------------------------------------------------
+
+    def _check_settings(self) -> dict:
+        wanted = {"format": FORMAT, "dtype": self.dtype, "hidden_size": self.hidden, "n_aux": self.n_aux,
+                  "target": self.meta.get("target"), "layers": self.meta.get("layers")}
+        path = self.dir / SETTINGS
+        if path.exists():
+            old = json.loads(path.read_text())
+            diff = [k for k in SETTINGS_KEYS if old.get(k) != wanted.get(k)]
+            if diff:
+                raise ValueError(
+                    f"{self.dir} holds hidden states made with different settings ({', '.join(diff)}); "
+                    "remove the directory or choose another one"
+                )
+            return old
+        wanted["created_at"] = now_iso()
+        tmp = path.with_name(f".{SETTINGS}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(wanted, indent=2, sort_keys=True))
+        os.replace(tmp, path)
+        return wanted
+
+    def _load(self) -> None:
+        for p in self.dir.glob(".shard-*.tmp*"):
+            p.unlink(missing_ok=True)
+        records = read_progress(self.dir / PROGRESS)
+        self.shards: list[dict] = []
+        self.quarantined: dict[str, dict] = {}
+        kept: list[dict] = []
+        for rec in records:
+            if rec["kind"] == "shard":
+                p = self.dir / rec["file"]
+                if p.exists() and p.stat().st_size == rec["bytes"]:
+                    self.shards.append(rec)
+                    kept.append(rec)
+                else:
+                    self.stats.shards_dropped += 1
+                    self.stats.dropped_files.append(rec["file"])
+            elif rec["kind"] == "quarantine":
+                self.quarantined[rec["sample_id"]] = rec
+                kept.append(rec)
+        if self.stats.shards_dropped:  # rewrite progress without the shards that are gone
+            self._rewrite_progress(kept)
+        listed = {r["file"] for r in self.shards}
+        for p in self.dir.glob("shard-*.safetensors"):
+            if p.name not in listed:
+                p.unlink()
+                self.stats.orphans_removed += 1
+        self.done_ids = {s[0] for r in self.shards for s in r["samples"]}
+        for sid in list(self.quarantined):
+            if sid in self.done_ids:
+                del self.quarantined[sid]
+        self.stats.shards_kept = len(self.shards)
+        nums = [int(SHARD_RE.match(r["file"]).group(1)) for r in self.shards]
+        self._next = max(nums, default=-1) + 1
+
+    def _rewrite_progress(self, records: list[dict]) -> None:
+        path = self.dir / PROGRESS
+        tmp = path.with_name(f".{PROGRESS}.tmp-{os.getpid()}")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+        os.replace(tmp, path)
+
+    def _append_progress(self, record: dict) -> None:
+        with open(self.dir / PROGRESS, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    # -- adding samples --------------------------------------------------------------------
+
+    def is_done(self, sample_id: str) -> bool:
+        return sample_id in self.done_ids or sample_id in self.quarantined or sample_id in self._pending_ids
+
+    def add(self, sample_id: str, split: str, input_ids, loss_mask, aux, last) -> None:
+        """Queue one sample's states ([T, 3H] and [T, H]); may write a shard."""
+        if self.is_done(sample_id):
+            raise ValueError(f"sample {sample_id} is already stored, queued or quarantined")
+        t = len(input_ids)
+        width = self.n_aux * self.hidden
+        if tuple(aux.shape) != (t, width) or tuple(last.shape) != (t, self.hidden) or len(loss_mask) != t:
+            raise ValueError(
+                f"sample {sample_id}: expected aux [{t}, {width}], last [{t}, {self.hidden}], "
+                f"mask [{t}]; got {tuple(aux.shape)}, {tuple(last.shape)}, [{len(loss_mask)}]"
+            )
+        tensors = encode_sample(input_ids, loss_mask, aux, last, self.dtype)
+        nbytes = sum(x.numel() * x.element_size() for x in tensors.values()) + 8
+        if self._pending and self._pending_bytes + nbytes > self.shard_bytes:
+            self.flush()
+        self._pending.append(_Pending(sample_id, split, tensors, t, nbytes))
+        self._pending_ids.add(sample_id)
+        self._pending_bytes += nbytes
+
+    def quarantine(self, sample_id: str, split: str, length: int, reason: str) -> None:
+        """Record a sample that will not be written, with why; it is listed, never lost."""
+        rec = {"kind": "quarantine", "sample_id": sample_id, "split": split, "length": int(length),
+               "reason": reason, "at": now_iso()}
+        self._wait()  # keep progress appends ordered with the background writer
+        self._append_progress(rec)
+        self.quarantined[sample_id] = rec
+        self.stats.quarantined_new += 1
+
+    # -- writing shards --------------------------------------------------------------------
+
+    def _wait(self) -> None:
+        if self._inflight is not None:
+            fut, self._inflight = self._inflight, None
+            fut.result()
+
+    def flush(self) -> None:
+        """Hand the buffered samples to the writer thread as one shard."""
+        if not self._pending:
+            return
+        batch, self._pending, self._pending_bytes = self._pending, [], 0
+        name = f"shard-{self._next:05d}.safetensors"
+        self._next += 1
+        self._wait()
+        if self._pool is None:
+            self._write_shard(name, batch)
+        else:
+            self._inflight = self._pool.submit(self._write_shard, name, batch)
+
+    def _write_shard(self, name: str, batch: list[_Pending]) -> None:
+        import torch
+
+        t0 = time.perf_counter()
+        offsets = [0]
+        for s in batch:
+            offsets.append(offsets[-1] + s.tokens)
+        n = offsets[-1]
+        h, w = self.hidden, self.n_aux * self.hidden
+        tensors = {"offsets": (torch.int64, [len(batch) + 1], [torch.tensor(offsets, dtype=torch.int64)])}
+        for key, shape in (("input_ids", [n]), ("loss_mask", [n]), ("aux_hidden", [n, w]),
+                           ("last_hidden", [n, h]), ("aux_scale", [n]), ("last_scale", [n])):
+            if key in batch[0].tensors:
+                chunks = [s.tensors[key] for s in batch]
+                tensors[key] = (chunks[0].dtype, shape, chunks)
+        meta = {"format": FORMAT, "dtype": self.dtype, "hidden_size": str(h), "n_aux": str(self.n_aux),
+                "sample_ids": json.dumps([s.sample_id for s in batch])}
+        final = self.dir / name
+        tmp = self.dir / f".{name}.tmp-{os.getpid()}"
+        size, digest, payload = write_safetensors(tmp, tensors, meta)
+        os.replace(tmp, final)
+        _fsync_dir(self.dir)
+        rec = {"kind": "shard", "file": name, "bytes": size, "payload_bytes": payload, "sha256": digest,
+               "tokens": n, "n_samples": len(batch), "at": now_iso(),
+               "samples": [[s.sample_id, s.split, offsets[i], s.tokens] for i, s in enumerate(batch)]}
+        self._append_progress(rec)
+        self.shards.append(rec)
+        self.done_ids.update(s.sample_id for s in batch)
+        self._pending_ids.difference_update(s.sample_id for s in batch)
+        self.stats.shards_written += 1
+        self.stats.samples_written += len(batch)
+        self.stats.tokens_written += n
+        self.stats.write_seconds += time.perf_counter() - t0
+
+    def abort(self) -> None:
+        """After a failure: finish the shard in flight, drop the buffered samples (they redo)."""
+        try:
+            self._wait()
+        finally:
+            self._pending, self._pending_bytes = [], 0
+            self._pending_ids.clear()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+
+    # -- index and manifest ----------------------------------------------------------------
+
+    def index_frame(self) -> pl.DataFrame:
+        rows = []
+        for rec in self.shards:
+            for pos, (sid, split, off, length) in enumerate(rec["samples"]):
+                rows.append((sid, split, rec["file"], pos, off, length, False, None))
+        for sid, rec in self.quarantined.items():
+            rows.append((sid, rec["split"], None, None, None, rec["length"], True, rec["reason"]))
+        return pl.DataFrame(rows, schema=INDEX_SCHEMA, orient="row")
+
+    def close(self, extra: dict | None = None) -> dict:
+        """Write the last shard, then the index and the manifest (atomically); returns the manifest."""
+        try:
+            self.flush()
+            self._wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+        write_parquet_atomic(self.index_frame(), self.dir / INDEX)
+        manifest = self.manifest(extra)
+        tmp = self.dir / f".{MANIFEST}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(manifest, indent=2))
+        os.replace(tmp, self.dir / MANIFEST)
+        return manifest
+
+    def manifest(self, extra: dict | None = None) -> dict:
+        tokens = sum(r["tokens"] for r in self.shards)
+        size = sum(r["bytes"] for r in self.shards)
+        payload = sum(r["payload_bytes"] for r in self.shards)
+        storage = {"input_ids": "int32", "loss_mask": "int8", "offsets": "int64"}
+        if self.dtype == "bf16":
+            storage.update(aux_hidden="bfloat16", last_hidden="bfloat16")
+        else:
+            storage.update(aux_hidden="float8_e4m3fn", last_hidden="float8_e4m3fn",
+                           aux_scale="float32", last_scale="float32")
+        return {
+            "format": FORMAT,
+            **{k: v for k, v in self.meta.items()},
+            "dtype": self.dtype,
+            "storage_dtypes": storage,
+            "fp8_scale": "per token: scale = amax / 448, value = q * scale" if self.dtype == "fp8" else None,
+            "hidden_size": self.hidden,
+            "n_aux": self.n_aux,
+            "aux_width": self.n_aux * self.hidden,
+            "num_samples": sum(r["n_samples"] for r in self.shards),
+            "num_tokens": tokens,
+            "num_quarantined": len(self.quarantined),
+            "quarantined": [{"sample_id": s, "split": r["split"], "length": r["length"], "reason": r["reason"]}
+                            for s, r in sorted(self.quarantined.items())],
+            "bytes": size,
+            "payload_bytes": payload,
+            "bytes_per_token": size / tokens if tokens else None,
+            "shards": [{k: r[k] for k in ("file", "bytes", "payload_bytes", "sha256", "tokens", "n_samples")}
+                       for r in self.shards],
+            "index": INDEX,
+            "created_at": self._settings.get("created_at"),
+            "updated_at": now_iso(),
+            **(extra or {}),
+        }

@@ -1,0 +1,94 @@
+"""``python -m eagle3_assets.testing.loopback sglang|openrouter --port N [...]``; see the package docstring."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eagle3_assets.testing.loopback", description=__doc__)
+    p.add_argument("protocol", choices=["sglang", "openrouter"])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on start)")
+    p.add_argument("--synthetic", action="store_true", help="fake deterministic ids, for load tests only")
+    p.add_argument("--model-dir", default="", help="model directory (default: the converted embedded model)")
+    p.add_argument("--latency", type=float, default=0.0, help="simulated seconds added to every generation")
+    p.add_argument("--latency-jitter", type=float, default=0.0, help="plus uniform(0, this) seconds")
+    p.add_argument("--faults", default="", help="e.g. 429=0.05,502=0.05,heartbeat=0.2,drop=0.01")
+    p.add_argument("--script", default="", help="scripted faults in arrival order, e.g. ok,429,ok,401")
+    p.add_argument("--then", default="", help="fault for every request after the script (default: --faults)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--retry-after", type=float, default=1.0, help="Retry-After seconds sent with 429/503/402")
+    p.add_argument("--slow", type=float, default=2.0, help="extra seconds of a 'slow' fault")
+    p.add_argument("--prefix-bug", type=float, default=0.0, help="sglang: probability of the output_ids prefix bug")
+    p.add_argument("--unhealthy", action="store_true", help="sglang: /health_generate answers 503")
+    p.add_argument("--api-key", default=None, help="openrouter: the only accepted bearer token")
+    p.add_argument("--price-in", type=float, default=0.60, help="openrouter: $ per million prompt tokens")
+    p.add_argument("--price-out", type=float, default=2.50, help="openrouter: $ per million completion tokens")
+    p.add_argument("--credits", type=float, default=None, help="openrouter: 402 credits once this much is billed")
+    p.add_argument("--max-batch", type=int, default=16, help="model batch size limit")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--uvloop", action="store_true", help="serve on uvloop when installed")
+    return p
+
+
+def make_app(args):
+    from .apps import OpenRouterApp, SGLangApp
+    from .faults import FaultPlan
+    from .generators import ModelGenerator, SyntheticGenerator
+
+    if args.synthetic:
+        gen = SyntheticGenerator()
+    else:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from eagle3_assets.paths import REPO_ROOT
+        from eagle3_assets.target.embedded import EmbeddedModel, ensure_default_model
+
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        model_dir = args.model_dir or ensure_default_model(
+            os.environ.get("EAGLE3_MODEL_CACHE") or REPO_ROOT / "data" / "models")
+        gen = ModelGenerator(EmbeddedModel(model_dir), max_batch=args.max_batch)
+    faults = FaultPlan.from_strings(args.faults, args.script, then=args.then, seed=args.seed,
+                                    retry_after_s=args.retry_after, slow_s=args.slow)
+    common = dict(faults=faults, latency_s=args.latency, latency_jitter_s=args.latency_jitter, seed=args.seed)
+    if args.protocol == "sglang":
+        return SGLangApp(gen, prefix_bug=args.prefix_bug, healthy=not args.unhealthy, **common)
+    return OpenRouterApp(gen, api_key=args.api_key, prompt_price=args.price_in / 1e6,
+                         completion_price=args.price_out / 1e6, credits_usd=args.credits, **common)
+
+
+async def amain(args) -> None:
+    app = make_app(args)
+    server = await app.start(args.host, args.port)
+    label = " (SYNTHETIC ids: load tests only)" if app.gen.synthetic else f" (model {app.gen.name})"
+    print(f"listening on {server.url}{label}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await app.aclose()
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.uvloop:
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:
+            print("uvloop is not installed; using asyncio's loop", file=sys.stderr)
+    asyncio.run(amain(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""``token_ids``: token-exact training sequences with loss masks and agreement figures.
+
+Only the final (generated) assistant turn is supervised: the loss mask covers the completion,
+never the prompt, whatever turns the prompt holds. ``built_from`` says where each completion came
+from (``native``: the backend's ids; ``retokenized``: rebuilt from text and reasoning), and
+``build_notes`` how (see ``eagle3_assets.tokens.tokenizer``).
+"""
+
+
+import dagster as dg
+import polars as pl
+
+from eagle3_assets.generation.assets import raw_responses
+from eagle3_assets.generation.response_store import ResponseStore
+from eagle3_assets.metadata import md_table
+from eagle3_assets.partitions import datasets_partitions
+from eagle3_assets.prompts.table import read_prompt_table
+from eagle3_assets.tokens.table import agreement_summary, write_token_table
+from eagle3_assets.tokens.tokenizer import build_token_row
+from resources import StorageResource, TokenizerResource
+
+
+class TokenIdsConfig(dg.Config):
+    """``max_length``: longest training sequence; 0 means the model's context (``config.json``
+    ``max_position_embeddings``) when known, else no limit. A longer sequence fails the step with
+    the sample id and its lengths unless ``truncate``, which cuts the completion at the limit."""
+
+    max_length: int = 0
+    truncate: bool = False
+
+
+@dg.asset(
+    partitions_def=datasets_partitions,
+    deps=[raw_responses],
+    group_name="data",
+    kinds={"parquet"},
+    description="Prompt ids + output ids per sample, loss mask on assistant tokens, re-tokenization agreement.",
+)
+def token_ids(context: dg.AssetExecutionContext, config: TokenIdsConfig, storage: StorageResource,
+              tokenizer: TokenizerResource) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    layout = storage.layout
+    tok = tokenizer.load()
+    messages = {p.prompt_id: p.messages for p in read_prompt_table(layout.prompt_table(dataset))}
+    max_length = config.max_length or None  # None: the model's context
+    rows = [build_token_row(r, messages.get(r["prompt_id"]), tok, max_length=max_length, truncate=config.truncate)
+            for r in ResponseStore(layout.responses_dir(dataset)).iter_rows()]
+    out = layout.tokens(dataset)
+    frame = write_token_table(rows, out)
+    agree = agreement_summary(frame)
+    diffs = frame.filter(pl.col("retok_diff") != "").head(5).select("sample_id", "source", "retok_diff").to_dicts()
+    by_source = frame.group_by("source", "built_from").len().sort("source").to_dicts()
+    context.log.info(f"{dataset}: {frame.height} token rows; agreement {agree['token_agreement']}")
+    return dg.MaterializeResult(
+        metadata={
+            "rows": frame.height,
+            "tokens": int(frame["input_ids"].list.len().sum() or 0),
+            "loss_tokens": int(frame["completion_len"].sum() or 0),
+            "native_rows": int(frame["native_ids"].sum() or 0),
+            "retokenized_rows": int((~frame["native_ids"]).sum() or 0),
+            "token_agreement": agree["token_agreement"],
+            "exact_sequence_rate": agree["exact_sequence_rate"],
+            "by_source": md_table(by_source),
+            "retokenization_diffs": md_table(diffs),
+            "end_of_turn": f"{tok.end_of_turn} = {tok.end_of_turn_id}",
+            "thinking": str(tok.thinking),
+            "max_length": max_length or tok.context_length or 0,
+            "truncated_rows": int(frame["build_notes"].str.contains("truncated").sum() or 0) if frame.height else 0,
+            "path": dg.MetadataValue.path(str(out)),
+        }
+    )

@@ -1,0 +1,126 @@
+"""Checks on ``token_ids``: DuckDB queries over the token Parquet file.
+
+Both block: bad ids or drifting re-tokenization stop the run before the corpus, and the GPUs
+after it, see the data. Each check's metadata shows its figures and offending rows.
+"""
+
+import dagster as dg
+
+from eagle3_assets.metadata import md_table
+from eagle3_assets.partitions import datasets_partitions
+from eagle3_assets.querying import SAMPLE, query_rows
+from eagle3_assets.tokens.assets import token_ids
+from resources import DatasetSettings, StorageResource, TokenizerResource
+
+
+@dg.asset_check(asset=token_ids, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
+                description="End-of-turn ids decode to the configured string, match the chat template's turn end "
+                            "and end every stopped turn; "
+                            "ids in vocabulary range; no special ids inside re-tokenized text.")
+def special_tokens_valid(context: dg.AssetCheckExecutionContext, storage: StorageResource,
+                         tokenizer: TokenizerResource) -> dg.AssetCheckResult:
+    tok = tokenizer.load()
+    path = str(storage.layout.tokens(context.partition_key))
+    with storage.query() as con:
+        return special_token_result(tok, con, path)
+
+
+def special_token_result(tok, con, path: str) -> dg.AssetCheckResult:
+    """The body of ``special_tokens_valid``: ``tok`` a ``TargetTokenizer``, ``con`` a DuckDB
+    connection, ``path`` the token Parquet file (callable without a Dagster context)."""
+    eot, eot_id = tok.end_of_turn, tok.end_of_turn_id
+    decoded = tok.decode([eot_id])
+    specials = sorted(tok.special_ids)
+    turn_end = tok.template_turn_end()
+    total = con.execute("SELECT count(*) FROM read_parquet(?)", [path]).fetchone()[0]
+    wrong_end = query_rows(con, """
+        SELECT sample_id, source, input_ids[len(input_ids)] AS last_id FROM read_parquet(?)
+        WHERE finish_reason = 'stop' AND (len(input_ids) = 0 OR input_ids[len(input_ids)] <> ?)""",
+        [path, eot_id])
+    out_of_range = query_rows(con, """
+        SELECT sample_id, source, list_min(input_ids) AS min_id, list_max(input_ids) AS max_id
+        FROM read_parquet(?) WHERE list_min(input_ids) < 0 OR list_max(input_ids) >= ?""",
+        [path, tok.vocab_size])
+    special_in_text = query_rows(con, """
+        SELECT sample_id, source FROM read_parquet(?)
+        WHERE built_from = 'retokenized' AND list_has_any(
+            input_ids[prompt_len + 1 : len(input_ids) - CASE WHEN finish_reason = 'stop' THEN 1 ELSE 0 END],
+            ?::INTEGER[])""",
+        [path, specials])
+    problems = []
+    if decoded != eot:
+        problems.append(f"end-of-turn id {eot_id} decodes to {decoded!r}, not {eot!r}")
+    if turn_end is not None and turn_end[1] != eot_id:
+        problems.append(f"the chat template closes assistant turns with {turn_end[0]!r} = id {turn_end[1]}, "
+                        f"but end_of_turn is configured as {eot!r} = id {eot_id}")
+    if wrong_end:
+        seen = sorted({r["last_id"] for r in wrong_end if r["last_id"] is not None})
+        names = ", ".join(f"{i} ({tok.decode([i])!r})" for i in seen[:5])
+        problems.append(
+            f"{len(wrong_end)} stopped turns end with id {names} instead of the end-of-turn "
+            f"string {eot!r}, which is id {eot_id}"
+        )
+    if out_of_range:
+        problems.append(f"{len(out_of_range)} rows hold ids outside [0, {tok.vocab_size})")
+    if special_in_text:
+        problems.append(f"{len(special_in_text)} re-tokenized rows hold special ids inside their text")
+    offending = [dict(r, problem="wrong end") for r in wrong_end[:SAMPLE]]
+    offending += [dict(r, problem="id out of range") for r in out_of_range[:SAMPLE]]
+    offending += [dict(r, problem="special id in text") for r in special_in_text[:SAMPLE]]
+    return dg.AssetCheckResult(
+        passed=not problems,
+        description="; ".join(problems) or f"{total} rows end their turns with {eot!r} = {eot_id}",
+        metadata={
+            "rows": total, "end_of_turn": eot, "end_of_turn_id": eot_id, "decoded": decoded,
+            "template_turn_end": "unknown" if turn_end is None else f"{turn_end[0]} = {turn_end[1]}",
+            "vocab_size": tok.vocab_size, "wrong_end": len(wrong_end), "out_of_range": len(out_of_range),
+            "special_in_text": len(special_in_text), "offending_rows": md_table(offending),
+        },
+    )
+
+
+@dg.asset_check(asset=token_ids, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
+                description="Re-tokenized text agrees with native ids at or above the threshold "
+                            "(blocks only when the dataset holds re-tokenized rows).")
+def reconstruction_consistency(context: dg.AssetCheckExecutionContext, storage: StorageResource,
+                               dataset_settings: DatasetSettings) -> dg.AssetCheckResult:
+    path = str(storage.layout.tokens(context.partition_key))
+    threshold = dataset_settings.consistency_threshold
+    with storage.query() as con:
+        per_source = query_rows(con, """
+            SELECT source, count(*) AS rows,
+                   count(*) FILTER (WHERE native_ids) AS native_rows,
+                   count(*) FILTER (WHERE NOT native_ids) AS retokenized_rows,
+                   sum(retok_matched) FILTER (WHERE native_ids) AS matched,
+                   sum(retok_total) FILTER (WHERE native_ids) AS total,
+                   avg(retok_exact::INTEGER) FILTER (WHERE native_ids) AS exact_rate
+            FROM read_parquet(?) GROUP BY source ORDER BY source""", [path])
+        worst = query_rows(con, """
+            SELECT sample_id, source, retok_matched, retok_total, retok_diff FROM read_parquet(?)
+            WHERE native_ids AND NOT retok_exact ORDER BY retok_matched / greatest(retok_total, 1) LIMIT ?""",
+            [path, SAMPLE])
+    matched = sum(r["matched"] or 0 for r in per_source)
+    total = sum(r["total"] or 0 for r in per_source)
+    native = sum(r["native_rows"] for r in per_source)
+    retokenized = sum(r["retokenized_rows"] for r in per_source)
+    exact = sum((r["exact_rate"] or 0) * r["native_rows"] for r in per_source) / native if native else None
+    agreement = matched / total if total else None
+    for r in per_source:
+        r["agreement"] = (r["matched"] or 0) / r["total"] if r["total"] else None
+    meta = {
+        "token_agreement": agreement, "exact_sequence_rate": exact, "mismatch_rate": None if exact is None else 1 - exact,
+        "threshold": threshold, "native_rows": native, "retokenized_rows": retokenized,
+        "by_source": md_table(per_source), "worst_rows": md_table(worst),
+    }
+    figure = "n/a" if agreement is None else f"{agreement:.4%}"
+    if retokenized == 0:
+        return dg.AssetCheckResult(passed=True, metadata=meta,
+                                   description=f"native ids only; re-tokenization agreement {figure} (reported, not gating)")
+    if agreement is None:
+        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=meta,
+                                   description=f"{retokenized} re-tokenized rows but no native rows to calibrate against")
+    return dg.AssetCheckResult(passed=agreement >= threshold, metadata=meta,
+                               description=f"token agreement {figure} vs threshold {threshold:.2%}")
+
+
+TOKEN_CHECKS = [special_tokens_valid, reconstruction_consistency]

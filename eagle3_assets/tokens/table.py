@@ -1,0 +1,37 @@
+"""The token table ``tokens/<dataset>.parquet``: schema, writer and agreement figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from eagle3_assets.files import write_parquet_atomic
+
+TOKEN_SCHEMA = {
+    "sample_id": pl.Utf8, "dataset": pl.Utf8, "prompt_id": pl.Utf8, "sample_index": pl.Int32,
+    "source": pl.Utf8, "model": pl.Utf8, "finish_reason": pl.Utf8,
+    "input_ids": pl.List(pl.Int32), "loss_mask": pl.List(pl.Int8),
+    "prompt_len": pl.Int32, "completion_len": pl.Int32, "text_len": pl.Int32,
+    "native_ids": pl.Boolean, "built_from": pl.Utf8, "build_notes": pl.Utf8,
+    "retok_matched": pl.Int32, "retok_total": pl.Int32, "retok_exact": pl.Boolean, "retok_diff": pl.Utf8,
+}
+
+
+def agreement_summary(frame: pl.DataFrame) -> dict:
+    """Token-level agreement and exact-sequence rate over rows that have native ids."""
+    native = frame.filter(pl.col("native_ids"))
+    total = int(native["retok_total"].sum() or 0)
+    matched = int(native["retok_matched"].sum() or 0)
+    return {
+        "rows_with_native_ids": native.height,
+        "token_agreement": matched / total if total else None,
+        "exact_sequence_rate": float(native["retok_exact"].mean()) if native.height else None,
+    }
+
+
+def write_token_table(rows: list[dict], path: Path) -> pl.DataFrame:
+    """Write token rows atomically; returns the frame written."""
+    frame = pl.DataFrame(rows, schema=TOKEN_SCHEMA) if rows else pl.DataFrame(schema=TOKEN_SCHEMA)
+    write_parquet_atomic(frame, path)
+    return frame
