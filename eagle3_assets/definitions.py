@@ -14,14 +14,7 @@ from eagle3_assets.hidden_states.checks import shard_integrity
 from eagle3_assets.prompts.assets import prompts
 from eagle3_assets.tokens.assets import token_ids
 from eagle3_assets.tokens.checks import TOKEN_CHECKS
-from resources import (
-    DatasetSettings,
-    EmbeddedModelResource,
-    OpenRouterResource,
-    SGLangResource,
-    StorageResource,
-    TokenizerResource,
-)
+from resources import DatasetSettings, OpenRouterResource, SGLangResource, StorageResource, TargetResource
 from sensors import prompt_files_sensor, run_failure_alerts
 
 # Downstream CPU stages follow their inputs by themselves once the daemon runs: eager, but only
@@ -49,11 +42,9 @@ dataset_pipeline = dg.define_asset_job(
 
 
 def default_resources() -> dict:
-    model = EmbeddedModelResource()
     return {
         "storage": StorageResource(),
-        "embedded_model": model,
-        "tokenizer": TokenizerResource(model=model),
+        "target": TargetResource(),
         "dataset_settings": DatasetSettings(),
         "sglang": SGLangResource(),
         # EnvVar keeps the key out of the UI and run config; bound only when set, so runs that

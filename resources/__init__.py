@@ -1,11 +1,9 @@
-"""Dagster resources: where data lives, the target model and tokenizer, generation backends."""
+"""Dagster resources: where data lives, the target model, generation backends, dataset settings."""
 
-from .local_model import EmbeddedModelResource
 from .openrouter import OpenRouterResource
 from .settings import DatasetSettings
 from .sglang import SGLangResource
 from .storage import StorageResource
-from .tokenizer import TokenizerResource
+from .target import TargetResource
 
-__all__ = ["DatasetSettings", "EmbeddedModelResource", "OpenRouterResource", "SGLangResource",
-           "StorageResource", "TokenizerResource"]
+__all__ = ["DatasetSettings", "OpenRouterResource", "SGLangResource", "StorageResource", "TargetResource"]

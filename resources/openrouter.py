@@ -8,7 +8,6 @@ class OpenRouterResource(dg.ConfigurableResource):
     sent only in request headers and redacted from every log line, row and error."""
 
     api_key: str = ""
-    model: str = "moonshotai/kimi-k2.5"
     base_url: str = "https://openrouter.ai/api/v1"
     provider: dict = {}  # routing: {"order": [...], "allow_fallbacks": false, ...}
     reasoning: dict = {}  # {"effort": "high"}, {"max_tokens": N}, {"enabled": false}
@@ -17,7 +16,8 @@ class OpenRouterResource(dg.ConfigurableResource):
     connections_per_client: int = 10
     read_timeout_s: float = 900.0
 
-    def backend(self):
+    def backend(self, model: str):
+        """The backend for ``model``, the target's served name (its OpenRouter slug)."""
         from eagle3_assets.generation.backends import OpenRouterBackend
         from eagle3_assets.generation.http_engine import Prices
 
@@ -26,7 +26,7 @@ class OpenRouterResource(dg.ConfigurableResource):
         prices = None
         if self.usd_per_million_prompt or self.usd_per_million_completion:
             prices = Prices.per_million(self.usd_per_million_prompt, self.usd_per_million_completion)
-        return OpenRouterBackend(self.api_key, self.model, provider=self.provider or None,
+        return OpenRouterBackend(self.api_key, model, provider=self.provider or None,
                                  reasoning=self.reasoning or None, base_url=self.base_url, prices=prices)
 
     def client_config(self):

@@ -4,7 +4,7 @@ import dagster as dg
 
 from eagle3_assets.definitions import DATA_ASSETS, DATA_CHECKS, default_resources
 from eagle3_assets.partitions import datasets_partitions
-from resources import TokenizerResource
+from resources import TargetResource
 
 
 def small_run_config(max_new_tokens: int = 16, **extra) -> dict:
@@ -22,10 +22,9 @@ def run_dataset(instance, dataset: str, *, run_config=None, resources=None, sele
     )
 
 
-def wrong_end_of_turn_tokenizer() -> TokenizerResource:
+def wrong_end_of_turn_target() -> TargetResource:
     """The original pipeline's mistake: the wrong string configured as the end of a turn."""
-    res = default_resources()
-    return TokenizerResource(model=res["embedded_model"], end_of_turn="<|endoftext|>")
+    return TargetResource(end_of_turn="<|endoftext|>")
 
 
 def materialized(result, asset: str) -> bool:

@@ -6,7 +6,8 @@ import polars as pl
 import pytest
 import torch
 
-from eagle3_assets.core import hidden_layers, shards
+from eagle3_assets.hidden_states import layers as hidden_layers
+from eagle3_assets.hidden_states import shards
 from eagle3_assets.hidden_states.extract import extract_corpus, plan_batches, verify_shards
 from eagle3_assets.hidden_states.extractors import (
     Features,

@@ -20,7 +20,7 @@ def test_local_then_sglang_then_openrouter_each_sample_once(layout, embedded, ca
             serve_in_thread(OpenRouterApp(ModelGenerator(embedded), api_key=KEY)) as orr, \
             dg.instance_for_test() as instance:
         http = {"sglang": SGLangResource(base_urls=[sgl.url]),
-                "openrouter": OpenRouterResource(api_key=KEY, model="loopback/smollm2", base_url=orr.url + "/api/v1")}
+                "openrouter": OpenRouterResource(api_key=KEY, base_url=orr.url + "/api/v1")}
         gen = ["prompts", "raw_responses"]
         assert run_dataset(instance, "mixed", resources=http, selection=gen,
                            run_config=small_run_config(max_samples=2)).success

@@ -7,7 +7,7 @@ import pytest
 
 from eagle3_assets.generation.response_store import ResponseStore
 from tests.conftest import small_prompts, write_jsonl
-from tests.dagster_helpers import checks_by_name, materialized, run_dataset, small_run_config, wrong_end_of_turn_tokenizer
+from tests.dagster_helpers import checks_by_name, materialized, run_dataset, small_run_config, wrong_end_of_turn_target
 
 pytestmark = pytest.mark.model
 
@@ -69,7 +69,7 @@ def test_budget_is_never_exceeded(layout, model_dir):
 def test_failing_blocking_check_stops_downstream_in_the_same_run(layout, model_dir):
     write_jsonl(layout.prompt_source("gated"), small_prompts(3))
     with dg.instance_for_test() as instance:
-        result = run_dataset(instance, "gated", resources={"tokenizer": wrong_end_of_turn_tokenizer()})
+        result = run_dataset(instance, "gated", resources={"target": wrong_end_of_turn_target()})
         stopped = [r for r in ResponseStore(layout.responses_dir("gated")).rows() if r["finish_reason"] == "stop"]
         assert stopped, "the prompts are meant to produce answers that end on a stop token"
         assert not result.success

@@ -18,7 +18,7 @@ from eagle3_assets.drafter.evaluate import eval_prompts, evaluate_drafter, train
 from eagle3_assets.drafter.recipes import list_recipes, load_recipe
 from eagle3_assets.hidden_states.assets import hidden_states
 from eagle3_assets.metadata import md_table
-from resources import EmbeddedModelResource, StorageResource
+from resources import StorageResource, TargetResource
 
 recipe_partitions = dg.StaticPartitionsDefinition(list_recipes() or ["demo"])
 
@@ -39,17 +39,18 @@ class DrafterTrainingConfig(dg.Config):
     description="EAGLE-3 drafter trained on the recipe's hidden-state shards, exported for SGLang and vLLM.",
 )
 def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainingConfig, storage: StorageResource,
-                       embedded_model: EmbeddedModelResource) -> dg.MaterializeResult:
+                       target: TargetResource) -> dg.MaterializeResult:
     from eagle3_assets.drafter.train import TrainConfig
 
     recipe = load_recipe(context.partition_key)
     layout = storage.layout
     out = layout.drafter_dir(recipe.name)
     out.mkdir(parents=True, exist_ok=True)
-    sizes = train_split_sizes(layout, recipe.datasets)
+    spec = target.spec()
+    sizes = train_split_sizes(layout, recipe.datasets, spec)
     samples = sum(w * sizes[d] for d, w in recipe.datasets.items())
     train = TrainConfig.from_recipe(recipe, steps_per_epoch=max(1, math.ceil(samples / recipe.batch_size)))
-    model_dir = embedded_model.resolved_dir()
+    model_dir = spec.model_dir
     job = {
         "target_dir": str(model_dir), "out_dir": str(out),
         "features": [str(layout.hidden_states_dir(d)) for d in recipe.datasets],
@@ -104,6 +105,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
             "training_curve": dg.MetadataValue.md(
                 f"![training curve](data:image/png;base64,{base64.b64encode(curve.read_bytes()).decode()})"
                 if curve.exists() else "_(no curve)_"),
+            "target": f"{spec.name} (id {spec.identity['id']})",
             "sglang_export": dg.MetadataValue.path(str(out / "sglang")),
             "vllm_export": dg.MetadataValue.path(str(out / "vllm")),
         }

@@ -7,8 +7,9 @@ from pathlib import Path
 import polars as pl
 
 
-def train_split_sizes(layout, datasets: dict[str, float]) -> dict[str, int]:
-    """Stored (not quarantined) training samples per dataset, from each shard directory's index."""
+def train_split_sizes(layout, datasets: dict[str, float], target) -> dict[str, int]:
+    """Stored (not quarantined) training samples per dataset, after checking that every shard
+    directory was extracted from ``target`` (a :class:`~eagle3_assets.target.spec.TargetSpec`)."""
     from eagle3_assets.hidden_states.reader import ShardReader
 
     sizes = {}
@@ -17,6 +18,7 @@ def train_split_sizes(layout, datasets: dict[str, float]) -> dict[str, int]:
         if not (d / "manifest.json").exists():
             raise FileNotFoundError(f"no hidden states for dataset {name!r} at {d}: materialize hidden_states[{name}] first")
         with ShardReader(d) as reader:
+            target.check_recorded(reader.manifest.get("target"), f"hidden_states[{name}] ({d})")
             sizes[name] = len(reader.sample_ids("train"))
     return sizes
 

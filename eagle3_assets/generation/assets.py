@@ -18,21 +18,13 @@ from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.assets import prompts
 from eagle3_assets.prompts.table import read_prompt_table
-from resources import (
-    DatasetSettings,
-    EmbeddedModelResource,
-    OpenRouterResource,
-    SGLangResource,
-    StorageResource,
-    TokenizerResource,
-)
+from resources import DatasetSettings, OpenRouterResource, SGLangResource, StorageResource, TargetResource
 
 BACKENDS = ("local", "sglang", "openrouter")
 
 
 class GenerationConfig(dg.Config):
     backend: str = "local"  # "local" (embedded model), "sglang" or "openrouter"
-    target_name: str = ""  # names the target in sample ids; empty: the tokenizer's model directory name
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
@@ -114,8 +106,7 @@ def raw_responses(
     context: dg.AssetExecutionContext,
     config: GenerationConfig,
     storage: StorageResource,
-    embedded_model: EmbeddedModelResource,
-    tokenizer: TokenizerResource,
+    target: TargetResource,
     sglang: SGLangResource,
     openrouter: OpenRouterResource,
     dataset_settings: DatasetSettings,
@@ -128,10 +119,10 @@ def raw_responses(
     torn = store.drop_torn_tail(config.backend)
     if torn:
         context.log.warning(f"dropped a torn last line ({torn} bytes) left by an interrupted run")
-    model = embedded_model.load() if config.backend == "local" else None
-    tok = None if model else tokenizer.load()
-    target = config.target_name or (model.name if model else tok.name)
-    sampling = SamplingSettings(target=target, temperature=config.temperature, top_p=config.top_p,
+    spec = target.spec()
+    model = target.load_model() if config.backend == "local" else None
+    tok = target.load_tokenizer()
+    sampling = SamplingSettings(target=spec.name, temperature=config.temperature, top_p=config.top_p,
                                 seed=config.seed, samples_per_prompt=config.samples_per_prompt)
     requests = plan_samples(dataset, read_prompt_table(layout.prompt_table(dataset)), sampling)
     existing = store.rows()
@@ -150,7 +141,7 @@ def raw_responses(
             figures = _run_http(context, config, sglang.backend(tok.render_prompt), sglang.client_config(),
                                 requests, store, budget, sampling, progress)
         else:
-            figures = _run_http(context, config, openrouter.backend(), openrouter.client_config(),
+            figures = _run_http(context, config, openrouter.backend(spec.served_name), openrouter.client_config(),
                                 requests, store, budget, sampling, progress)
     finally:
         progress.close()
@@ -167,7 +158,7 @@ def raw_responses(
             "total_cost_usd": math.fsum(r.get("cost_usd") or 0.0 for r in total),
             "budget_tokens": budget.limit,
             "budget_remaining": budget.limit - sum(r["completion_tokens"] or 0 for r in total),
-            "target": target,
+            "target": spec.name,
             "sampling": sampling.as_dict(),
             "path": dg.MetadataValue.path(str(store.dir)),
         }

@@ -10,12 +10,11 @@ import dagster as dg
 from eagle3_assets.corpus.assets import merged_corpus
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
-from resources import EmbeddedModelResource, StorageResource
+from resources import StorageResource, TargetResource
 
 
 class HiddenStatesConfig(dg.Config):
     backend: str = "local"  # "local" (transformers) or "sglang" (in-process engine, GPU only)
-    sglang_model_path: str = ""  # the target checkpoint SGLang loads (backend "sglang")
     dtype: str = "bf16"  # "bf16" or "fp8" (e4m3 with a per-token scale; half the bytes)
     shard_bytes: int = 1 << 30
     batch_tokens: int = 4096
@@ -23,22 +22,19 @@ class HiddenStatesConfig(dg.Config):
     retry_quarantined: bool = False
 
 
-def build_extractor(config: HiddenStatesConfig, embedded_model: EmbeddedModelResource):
-    from eagle3_assets.core import hidden_extract
+def build_extractor(config: HiddenStatesConfig, target: TargetResource):
+    """The extractor for the configured backend, reading the one target definition."""
+    from eagle3_assets.hidden_states import extractors
 
+    spec = target.spec()
     if config.backend == "local":
-        return hidden_extract.LocalExtractor(
-            embedded_model.resolved_dir(), layer_ids=config.layer_ids or None, device=embedded_model.device
-        )
+        return extractors.LocalExtractor(spec.model_dir, layer_ids=config.layer_ids or None, device=target.device,
+                                         target=spec.identity)
     if config.backend == "sglang":
-        from transformers import AutoConfig
-
-        path = config.sglang_model_path or str(embedded_model.resolved_dir())
-        cfg = AutoConfig.from_pretrained(path, trust_remote_code=True)
-        cfg = getattr(cfg, "text_config", cfg)
-        return hidden_extract.SGLangExtractor(
-            path, hidden_size=cfg.hidden_size, num_layers=cfg.num_hidden_layers,
-            layer_ids=config.layer_ids or None, vocab_size=cfg.vocab_size,
+        text = spec.text_config
+        return extractors.SGLangExtractor(
+            str(spec.model_dir), hidden_size=text["hidden_size"], num_layers=text["num_hidden_layers"],
+            layer_ids=config.layer_ids or None, vocab_size=text["vocab_size"], target=spec.identity,
         )
     raise ValueError(f"unknown hidden-state backend {config.backend!r} (expected 'local' or 'sglang')")
 
@@ -52,7 +48,7 @@ def build_extractor(config: HiddenStatesConfig, embedded_model: EmbeddedModelRes
     description="Auxiliary + final hidden states per token in sharded safetensors, with index and manifest.",
 )
 def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig, storage: StorageResource,
-                  embedded_model: EmbeddedModelResource) -> dg.MaterializeResult:
+                  target: TargetResource) -> dg.MaterializeResult:
     from tqdm import tqdm
 
     from eagle3_assets.hidden_states.extract import extract_corpus
@@ -60,7 +56,7 @@ def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig,
     dataset = context.partition_key
     layout = storage.layout
     out = layout.hidden_states_dir(dataset)
-    extractor = build_extractor(config, embedded_model)
+    extractor = build_extractor(config, target)
     bar = tqdm(desc=f"hidden states {dataset}", unit="tok", unit_scale=True, file=sys.stderr)
     last_log = [time.monotonic()]
 
@@ -98,6 +94,7 @@ def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig,
             "shards": report.shards_total,
             "shards_kept_from_earlier_runs": report.shards_kept,
             "dtype": config.dtype,
+            "target": f"{manifest['target'].get('name')} (id {manifest['target'].get('id')})",
             "aux_layer_ids": str(manifest["layers"]["aux_layer_ids"]),
             "hf_hidden_states_index": str(manifest["layers"]["hf_hidden_states_index"]),
             "layer_convention": manifest["layers"]["convention"],

@@ -12,13 +12,12 @@ post-norm state) and ``describe() -> {"target": ..., "layers": ...}`` for the ma
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_assets.core import hidden_layers
+from eagle3_assets.hidden_states import layers as hidden_layers
+from eagle3_assets.target.identity import target_identity
 
 N_AUX = hidden_layers.N_AUX
 
@@ -40,21 +39,6 @@ def check_rows(rows: Sequence[Sequence[int]], *, vocab_size: int | None = None, 
             lo, hi = min(row), max(row)
             if lo < 0 or hi >= vocab_size:
                 raise ValueError(f"row {i} holds token ids in [{lo}, {hi}], outside the vocab 0..{vocab_size - 1}")
-
-
-def target_identity(model_dir: Path | None, config) -> dict:
-    """Stable identity of the target for the manifest: name, revision, hash of its config."""
-    if model_dir is not None and (Path(model_dir) / "config.json").exists():
-        raw = (Path(model_dir) / "config.json").read_bytes()
-    else:
-        raw = json.dumps(config.to_dict(), sort_keys=True, default=str).encode()
-    revision = getattr(config, "_commit_hash", None)
-    if revision is None and model_dir is not None and (Path(model_dir) / "SOURCE").exists():
-        revision = (Path(model_dir) / "SOURCE").read_text().strip()
-    name = Path(model_dir).name if model_dir is not None else getattr(config, "name_or_path", "") or "unknown"
-    weights = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors")) if model_dir is not None else None
-    return {"name": name, "revision": revision, "config_sha256": hashlib.sha256(raw).hexdigest(),
-            "weights_bytes": weights, "architectures": list(getattr(config, "architectures", None) or [])}
 
 
 # ---- transformers ---------------------------------------------------------------------------
@@ -80,6 +64,7 @@ class LocalExtractor:
         layer_ids: list[int] | None = None,
         device: str = "cpu",
         dtype: str = "float32",
+        target: dict | None = None,
     ):
         import torch
 
@@ -92,6 +77,7 @@ class LocalExtractor:
             model.to(device).eval()
         self.model = model
         self.model_dir = Path(model_dir) if model_dir is not None else None
+        self._target = target
         self.base = getattr(model, "model", model)
         self.config = model.config
         self.device = next(model.parameters()).device
@@ -103,7 +89,11 @@ class LocalExtractor:
         self.pad_id = int(pad) if pad is not None else 0
 
     def describe(self) -> dict:
-        return {"target": target_identity(self.model_dir, self.config),
+        target = self._target
+        if target is None:
+            target = target_identity(self.model_dir) if self.model_dir is not None else {
+                "name": getattr(self.config, "name_or_path", "") or "in-memory model", "id": None}
+        return {"target": target,
                 "layers": hidden_layers.convention(self.layer_ids, self.num_layers),
                 "backend": "transformers"}
 
@@ -332,10 +322,8 @@ class SGLangExtractor:
     def describe(self) -> dict:
         target = self._target
         if target is None and (Path(self.model_path) / "config.json").exists():
-            raw = (Path(self.model_path) / "config.json").read_bytes()
-            target = {"name": Path(self.model_path).name, "revision": None,
-                      "config_sha256": hashlib.sha256(raw).hexdigest()}
-        return {"target": target or {"name": self.model_path, "revision": None, "config_sha256": None},
+            target = target_identity(self.model_path)
+        return {"target": target or {"name": self.model_path, "id": None},
                 "layers": hidden_layers.convention(self.layer_ids, self.num_layers),
                 "backend": f"sglang-{self.backend if isinstance(self.backend, str) else 'custom'}"}
 

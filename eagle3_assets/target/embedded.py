@@ -89,16 +89,24 @@ def set_threads(threads: int) -> None:
 
 
 class EmbeddedModel:
-    """A loaded model plus tokenizer with batched generation in SGLang's output shape."""
+    """A loaded model with batched generation in SGLang's output shape.
 
-    def __init__(self, model_dir: Path | str, *, device: str = "cpu", dtype: str = "float32"):
+    Prompts are rendered by the target's :class:`~eagle3_assets.tokens.tokenizer.TargetTokenizer`
+    (the one every other stage uses, ``thinking`` included), so local rows and server rows of the
+    same prompt start from the same ids.
+    """
+
+    def __init__(self, model_dir: Path | str, *, device: str = "cpu", dtype: str = "float32", tokenizer=None):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+
+        from eagle3_assets.tokens.tokenizer import TargetTokenizer
 
         self.model_dir = Path(model_dir)
         self.name = self.model_dir.name
         self.device = device
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.target_tokenizer = tokenizer if tokenizer is not None else TargetTokenizer.load(self.model_dir)
+        self.tokenizer = self.target_tokenizer.tokenizer
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype))
         self.model.to(device).eval()
         self.stop_ids = self._stop_ids()
@@ -107,7 +115,8 @@ class EmbeddedModel:
 
     def _stop_ids(self) -> list[int]:
         ids: list[int] = []
-        for src in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
+        for src in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id,
+                    self.target_tokenizer.end_of_turn_id):
             for i in src if isinstance(src, (list, tuple)) else [src]:
                 if i is not None and i not in ids:
                     ids.append(int(i))
@@ -117,10 +126,7 @@ class EmbeddedModel:
 
     def render_prompt(self, messages: list[dict]) -> list[int]:
         """Prompt ids as a server renders them: the chat template with a generation prompt."""
-        enc = self.tokenizer.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=True, return_dict=True
-        )
-        return list(enc["input_ids"])
+        return self.target_tokenizer.render_prompt(messages)
 
     def generate(
         self,

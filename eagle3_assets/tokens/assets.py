@@ -17,7 +17,7 @@ from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.table import read_prompt_table
 from eagle3_assets.tokens.table import agreement_summary, write_token_table
 from eagle3_assets.tokens.tokenizer import build_token_row
-from resources import StorageResource, TokenizerResource
+from resources import StorageResource, TargetResource
 
 
 class TokenIdsConfig(dg.Config):
@@ -37,10 +37,10 @@ class TokenIdsConfig(dg.Config):
     description="Prompt ids + output ids per sample, loss mask on assistant tokens, re-tokenization agreement.",
 )
 def token_ids(context: dg.AssetExecutionContext, config: TokenIdsConfig, storage: StorageResource,
-              tokenizer: TokenizerResource) -> dg.MaterializeResult:
+              target: TargetResource) -> dg.MaterializeResult:
     dataset = context.partition_key
     layout = storage.layout
-    tok = tokenizer.load()
+    tok = target.load_tokenizer()
     messages = {p.prompt_id: p.messages for p in read_prompt_table(layout.prompt_table(dataset))}
     max_length = config.max_length or None  # None: the model's context
     rows = [build_token_row(r, messages.get(r["prompt_id"]), tok, max_length=max_length, truncate=config.truncate)

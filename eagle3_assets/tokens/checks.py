@@ -10,7 +10,7 @@ from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.querying import SAMPLE, query_rows
 from eagle3_assets.tokens.assets import token_ids
-from resources import DatasetSettings, StorageResource, TokenizerResource
+from resources import DatasetSettings, StorageResource, TargetResource
 
 
 @dg.asset_check(asset=token_ids, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
@@ -18,8 +18,8 @@ from resources import DatasetSettings, StorageResource, TokenizerResource
                             "and end every stopped turn; "
                             "ids in vocabulary range; no special ids inside re-tokenized text.")
 def special_tokens_valid(context: dg.AssetCheckExecutionContext, storage: StorageResource,
-                         tokenizer: TokenizerResource) -> dg.AssetCheckResult:
-    tok = tokenizer.load()
+                         target: TargetResource) -> dg.AssetCheckResult:
+    tok = target.load_tokenizer()
     path = str(storage.layout.tokens(context.partition_key))
     with storage.query() as con:
         return special_token_result(tok, con, path)

@@ -69,7 +69,9 @@ class TargetTokenizer:
 
     @classmethod
     def load(cls, path: Path | str, *, end_of_turn: str = "", trust_remote_code: bool = False,
-             thinking: bool | None = None):
+             thinking: bool | None = None, config_dir: Path | str | None = None):
+        """``config_dir``: where the model's ``config.json`` (context length) is, when the tokenizer
+        lives elsewhere; default ``path``."""
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
@@ -77,7 +79,7 @@ class TargetTokenizer:
         if not eot:
             raise SpecialTokenError(f"{path}: tokenizer has no eos_token; configure end_of_turn explicitly")
         return cls(tok, eot, lookup_token_id(tok, eot), str(path), thinking=thinking,
-                   context_length=_context_length(Path(path), tok),
+                   context_length=_context_length(Path(config_dir or path), tok),
                    think_start_id=_optional_token_id(tok, THINK_START),
                    think_end_id=_optional_token_id(tok, THINK_END))
 
