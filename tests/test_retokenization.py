@@ -291,11 +291,10 @@ def test_prompt_longer_than_the_context(kimi, target_tokenizer):
     assert build_token_row(row(text=text), msgs, target_tokenizer, max_length=0)["completion_len"] == full["completion_len"]
 
 
-def test_tokenizer_resource_passes_thinking_and_remote_code(kimi_dir):
-    from resources import EmbeddedModelResource, TokenizerResource
+def test_target_resource_passes_thinking_and_remote_code(kimi_dir):
+    from resources import TargetResource
 
-    res = TokenizerResource(model=EmbeddedModelResource(), path=str(kimi_dir), end_of_turn="<|im_end|>",
-                            trust_remote_code=True, thinking=False)
-    tok = res.load()
+    res = TargetResource(tokenizer=str(kimi_dir), end_of_turn="<|im_end|>", trust_remote_code=True, thinking=False)
+    tok = res.load_tokenizer()
     assert tok.thinking is False and tok.render_prompt([{"role": "user", "content": "Hi"}])[-1] == tok.think_end_id
     assert tok.template_turn_end() == ("<|im_end|>", tok.end_of_turn_id)
