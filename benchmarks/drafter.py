@@ -44,7 +44,7 @@ from eagle3_assets.drafter.train import (  # noqa: E402
     train,
 )
 from eagle3_assets.drafter.vocab_map import build_vocab_map, count_tokens  # noqa: E402
-from eagle3_assets.paths import REPO_ROOT, DataLayout  # noqa: E402
+from eagle3_assets.paths import BUNDLED, DataLayout  # noqa: E402
 from eagle3_assets.prompts.reader import read_prompt_file  # noqa: E402
 from eagle3_assets.target.embedded import EmbeddedModel, ensure_default_model  # noqa: E402
 
@@ -54,7 +54,7 @@ def generated_data(model: EmbeddedModel, datasets: list[str], per_dataset: int, 
     """Greedy responses to the demo prompts: (train sequences by dataset, held-out prompts)."""
     train, held_out = {}, []
     for name in datasets:
-        path = REPO_ROOT / "demo" / "prompts" / f"{name}.jsonl"
+        path = BUNDLED / "demo_prompts" / f"{name}.jsonl"
         prompts = [model.render_prompt(p.messages) for p in read_prompt_file(path).prompts]
         fit, rest = prompts[:per_dataset], prompts[per_dataset:]
         held_out += rest[:eval_per_dataset]
