@@ -116,9 +116,11 @@ def write_tokenizer(out_dir: Path) -> dict:
         for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
             fh.write(base64.b64encode(token) + b" " + str(rank).encode() + b"\n")
     shutil.copyfile(HERE / "tokenization_kimi.py", out_dir / "tokenization_kimi.py")
-    added = {str(NUM_BASE_TOKENS + k): {"content": name, "lstrip": False, "normalized": False, "rstrip": False,
-                                        "single_word": False, "special": special}
-             for k, (name, special) in sorted(SLOTS.items())}
+    added = {}
+    for k in range(NUM_SLOTS):  # every slot is an added token, the unnamed ones as reserved specials
+        name, special = SLOTS.get(k, (f"<|reserved_token_{NUM_BASE_TOKENS + k}|>", True))
+        added[str(NUM_BASE_TOKENS + k)] = {"content": name, "lstrip": False, "normalized": False, "rstrip": False,
+                                           "single_word": False, "special": special}
     template = (HERE / "chat_template.jinja").read_text(encoding="utf-8")
     config = {
         "tokenizer_class": "TikTokenTokenizer",
