@@ -296,6 +296,12 @@ def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer
         prompt_ids = tok.render_prompt(messages)
         notes.append("prompt rendered locally")
     finish = row.get("finish_reason") or ""
+    native = row.get("output_ids")
+    if native and finish == "stop" and (row.get("text") or "").endswith(tok.end_of_turn) \
+            and native[-1] == tok.end_of_turn_id:
+        # the server kept the stop token in its text (SGLang no_stop_trim): the layout adds it back
+        row = {**row, "text": row["text"][: -len(tok.end_of_turn)]}
+        notes.append("stop token trimmed from text")
     reasoning, text, think_closed = tok.split_thinking(row, prompt_ids)
     if think_closed is not None:
         notes.append("reasoning split from text at </think>" if think_closed else "think block never closed")
@@ -305,7 +311,6 @@ def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer
     if literals:
         notes.append("literal special strings in text encoded as special ids: "
                      + ", ".join(f"{n} x{literals.count(n)}" for n in sorted(set(literals))))
-    native = row.get("output_ids")
     if native is not None:
         completion, built_from = list(native), "native"
         matched, total = token_agreement(completion, retok)

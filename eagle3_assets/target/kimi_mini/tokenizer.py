@@ -46,17 +46,9 @@ def slot_id(name: str) -> int:
 
 
 def training_text() -> str:
-    """The text the merges are learnt from: the bundled demo prompts plus a short multilingual sample."""
-    from eagle3_assets.paths import REPO_ROOT
-
-    parts = [(HERE / "bpe_corpus.txt").read_text(encoding="utf-8")]
-    for f in sorted((REPO_ROOT / "demo" / "prompts").glob("*.jsonl")):
-        for line in f.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                for m in row.get("messages") or row.get("conversations") or []:
-                    parts.append(str(m.get("content") or m.get("value") or ""))
-    return "\n".join(parts)
+    """The bundled text the merges are learnt from (a short multilingual sample and the demo
+    prompts' text, frozen here so the tokenizer never changes with a user's prompt files)."""
+    return (HERE / "bpe_corpus.txt").read_text(encoding="utf-8")
 
 
 def train_ranks(text: str, merges: int = TRAINED_MERGES) -> dict[bytes, int]:
