@@ -76,26 +76,22 @@ def special_token_result(tok, con, path: str) -> dg.AssetCheckResult:
     offending += [dict(r, problem="id out of range") for r in out_of_range[:SAMPLE]]
     offending += [dict(r, problem="special id in text") for r in special_in_text[:SAMPLE]]
     offending += [dict(r, problem="literal special string") for r in literal_rows[:SAMPLE]]
+    metadata = {
+        "rows": total, "end_of_turn": eot, "end_of_turn_id": eot_id, "decoded": decoded,
+        "template_turn_end": "unknown" if turn_end is None else f"{turn_end[0]} = {turn_end[1]}",
+        "vocab_size": tok.vocab_size, "wrong_end": len(wrong_end), "out_of_range": len(out_of_range),
+        "special_in_text": len(special_in_text), "literal_special_rows": len(literal_rows),
+        "offending_rows": md_table(offending),
+    }
     if not problems and warning:  # reported, not blocking: the ids are what the tokenizer makes of the text
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, description=warning,
-                                   metadata=_metadata(locals()))
+                                   metadata=metadata)
     return dg.AssetCheckResult(
         passed=not problems,
         description="; ".join(problems + ([warning] if warning else []))
         or f"{total} rows end their turns with {eot!r} = {eot_id}",
-        metadata=_metadata(locals()),
+        metadata=metadata,
     )
-
-
-def _metadata(v: dict) -> dict:
-    turn_end = v["turn_end"]
-    return {
-        "rows": v["total"], "end_of_turn": v["eot"], "end_of_turn_id": v["eot_id"], "decoded": v["decoded"],
-        "template_turn_end": "unknown" if turn_end is None else f"{turn_end[0]} = {turn_end[1]}",
-        "vocab_size": v["tok"].vocab_size, "wrong_end": len(v["wrong_end"]), "out_of_range": len(v["out_of_range"]),
-        "special_in_text": len(v["special_in_text"]), "literal_special_rows": len(v["literal_rows"]),
-        "offending_rows": md_table(v["offending"]),
-    }
 
 
 @dg.asset_check(asset=token_ids, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
