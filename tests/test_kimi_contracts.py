@@ -254,3 +254,41 @@ def test_kimi_mini_checkpoint_is_laid_out_like_k25(kimi_mini_dir):
     assert spec.config["model_type"] == "kimi_k25" and text["num_hidden_layers"] == 7
     assert text["rope_scaling"]["type"] == "yarn" and text["kv_lora_rank"] == 16 and text["first_k_dense_replace"] == 1
     assert spec.load_tokenizer().end_of_turn_id == IM_END
+
+
+@pytest.mark.model
+def test_kimi_mini_thinking_rows_over_sglang_http_calibrate(kimi_mini_dir):
+    """Real HTTP: the SGLang loopback serving kimi-mini (thinking prompt, text as SGLang decodes it
+    with the resource's text options), parsed by the backend, rebuilt by token_ids."""
+    import httpx
+
+    from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
+    from eagle3_assets.target.embedded import EmbeddedModel
+    from eagle3_assets.testing.loopback import ModelGenerator, SGLangApp, serve_in_thread
+    from eagle3_assets.tokens.tokenizer import token_agreement
+    from resources import SGLangResource
+
+    tok = TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True)
+    with serve_in_thread(SGLangApp(ModelGenerator(EmbeddedModel(kimi_mini_dir, tokenizer=tok)))) as srv:
+        backend = SGLangResource(base_urls=[srv.url]).backend(tok.render_prompt)
+        for i, q in enumerate(["What is 2+3?", "Name a color."]):
+            req = SampleRequest(sample_id=f"s{i}", dataset="d", prompt_id=f"p{i}", sample_index=0,
+                                messages=[{"role": "user", "content": q}])
+            prep = backend.prepare(req, max_tokens=16, sampling=SamplingSettings(target="t"))
+            path, body = backend.request(prep, 1)
+            r = httpx.post(srv.url + path, content=body, timeout=None)
+            row = backend.parse(prep, r.status_code, r.headers, r.content, latency_s=0.0, attempts=1,
+                                base_url=srv.url).row
+            t = build_token_row(row, None, tok)
+            native, retok = row["output_ids"], t["input_ids"][t["prompt_len"]:]
+            text, finish, kw = _rebuilt_args(tok, row)
+            rebuilt = tok.retokenize_completion(text, finish, **kw)
+            assert retok == native and rebuilt.count(THINK_END) == native.count(THINK_END)
+            matched, total = token_agreement(native, rebuilt)
+            assert matched / total >= 0.9, t["retok_diff"]
+
+
+def _rebuilt_args(tok, row):
+    reasoning, text, closed = tok.split_thinking(row, row["prompt_ids"])
+    return text, row["finish_reason"], {"reasoning": reasoning, "prompt_ids": row["prompt_ids"],
+                                        "think_closed": closed}
