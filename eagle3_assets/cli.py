@@ -41,8 +41,10 @@ def cmd_add_dataset(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from eagle3_assets.demo import run_demo
+    from eagle3_assets.demo import run_demo, use_target
 
+    if args.target:
+        use_target(args.target)
     return run_demo(args.datasets or None)
 
 
@@ -180,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_add_dataset)
     p = sub.add_parser("demo", help="materialize the graph for the bundled demo datasets")
     p.add_argument("datasets", nargs="*")
+    p.add_argument("--target", default="", help="a bundled target (smollm2, kimi-mini) or a checkpoint directory; "
+                   "a target other than smollm2 keeps its data under <root>/targets/<name>")
     p.set_defaults(fn=cmd_demo)
     sub.add_parser("paths", help="print where files live").set_defaults(fn=cmd_paths)
     sub.add_parser("recover", help="fail runs whose process was killed and free their pool slots"

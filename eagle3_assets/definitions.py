@@ -44,7 +44,7 @@ dataset_pipeline = dg.define_asset_job(
 def default_resources() -> dict:
     return {
         "storage": StorageResource(),
-        "target": TargetResource(),
+        "target": TargetResource(model=os.environ.get("EAGLE3_TARGET", "")),  # e.g. kimi-mini
         "dataset_settings": DatasetSettings(),
         "sglang": SGLangResource(),
         # EnvVar keeps the key out of the UI and run config; bound only when set, so runs that

@@ -22,6 +22,39 @@ DEMO_RUN_CONFIG = {
 }
 
 
+def use_target(target: str) -> None:
+    """Point this process at another target before the definitions load: ``EAGLE3_TARGET`` for
+    the target resource, and a data root of its own (``<root>/targets/<name>``) so its responses,
+    shards and drafter never mix with the default target's; the model cache stays shared."""
+    from pathlib import Path
+
+    if target in ("", "smollm2"):
+        return
+    layout = DataLayout.from_env()
+    os.environ["EAGLE3_MODEL_CACHE"] = str(layout.models_dir)
+    os.environ["EAGLE3_TARGET"] = target
+    root = layout.root / "targets" / Path(target).name
+    os.environ["EAGLE3_HOME"] = str(root)
+    os.environ["DAGSTER_HOME"] = str(ensure_dagster_home(DataLayout(root)))
+
+
+def demo_run_config() -> dict:
+    """The demo's generation settings; kimi-mini's replies are seeded noise, so 48 tokens show
+    everything 128 would, in a third of the time."""
+    if os.environ.get("EAGLE3_TARGET") != "kimi-mini":
+        return DEMO_RUN_CONFIG
+    ops = {"raw_responses": {"config": {**DEMO_RUN_CONFIG["ops"]["raw_responses"]["config"], "max_new_tokens": 48}}}
+    return {**DEMO_RUN_CONFIG, "ops": ops}
+
+
+def demo_recipe() -> str:
+    """The recipe the demo trains: one named after the target when there is one (kimi-mini)."""
+    from eagle3_assets.drafter.recipes import list_recipes
+
+    target = os.environ.get("EAGLE3_TARGET", "")
+    return target if target in list_recipes() else "demo"
+
+
 def install_demo_prompts(layout: DataLayout) -> list[str]:
     """Copy the bundled prompt files into the data root (never overwriting a user's file)."""
     layout.prompts_dir.mkdir(parents=True, exist_ok=True)
@@ -48,11 +81,12 @@ def run_gpu_stages(instance, names: list[str], layout) -> list[str]:
     if failed:
         return failed
     t0 = time.perf_counter()
-    print("\n=== drafter_checkpoint[demo]: train through Dagster Pipes, export, measure acceptance", flush=True)
-    result = materialize_selection(instance, ["drafter_checkpoint"], "demo", DRAFTER_RUN_CONFIG)
-    if not report_result(result, "drafter_checkpoint[demo]", t0):
-        return ["drafter_checkpoint[demo]"]
-    ev = json.loads((layout.drafter_dir("demo") / "eval.json").read_text())
+    recipe = demo_recipe()
+    print(f"\n=== drafter_checkpoint[{recipe}]: train through Dagster Pipes, export, measure acceptance", flush=True)
+    result = materialize_selection(instance, ["drafter_checkpoint"], recipe, DRAFTER_RUN_CONFIG)
+    if not report_result(result, f"drafter_checkpoint[{recipe}]", t0):
+        return [f"drafter_checkpoint[{recipe}]"]
+    ev = json.loads((layout.drafter_dir(recipe) / "eval.json").read_text())
     t, u = ev["trained"], ev["untrained"]
     print(f"\nAcceptance length on {ev['prompts']} held-out prompts (k={ev['k']}, SGLang convention: accepted + 1 "
           f"per verification): trained {t['acceptance_length']:.3f}, untrained baseline {u['acceptance_length']:.3f}; "
@@ -85,7 +119,7 @@ def run_demo(datasets: list[str] | None = None, run_config: dict | None = None) 
         t0 = time.perf_counter()
         print(f"\n=== dataset {name}: prompts -> raw_responses -> token_ids -> inventory -> merged_corpus", flush=True)
         result = job.execute_in_process(
-            partition_key=name, instance=instance, run_config=run_config or DEMO_RUN_CONFIG, raise_on_error=False
+            partition_key=name, instance=instance, run_config=run_config or demo_run_config(), raise_on_error=False
         )
         report_result(result, name, t0)
         if not result.success:
@@ -97,7 +131,7 @@ def run_demo(datasets: list[str] | None = None, run_config: dict | None = None) 
     print(f"\nData root: {layout.root}")
     for label, path in [("prompts", layout.prompts_dir), ("responses", layout.root / "responses"),
                         ("token ids", layout.root / "tokens"), ("corpus", layout.root / "corpus"),
-                        ("hidden states", layout.root / "hidden_states"), ("drafter", layout.drafter_dir("demo")),
+                        ("hidden states", layout.root / "hidden_states"), ("drafter", layout.drafter_dir(demo_recipe())),
                         ("inventory", layout.metadata_db), ("Dagster instance", layout.dagster_home)]:
         print(f"  {label:<17} {path}")
     print("\nOpen the UI with `make ui` and browse http://127.0.0.1:3000 (Assets -> Lineage; each run is under Runs).")

@@ -5,7 +5,13 @@ import dagster as dg
 
 class SGLangResource(dg.ConfigurableResource):
     """``POST /generate`` with locally rendered prompt ids; ``output_ids`` kept as returned.
-    Start the servers outside Dagster (or try `python -m eagle3_assets.testing.loopback sglang`)."""
+    Start the servers outside Dagster (or try `python -m eagle3_assets.testing.loopback sglang`).
+
+    ``skip_special_tokens``, ``spaces_between_special_tokens`` and ``no_stop_trim`` are SGLang's
+    sampling options that shape the returned ``text`` (never ``output_ids``). The text is only
+    used to calibrate re-tokenization, so the defaults ask for the text closest to the ids: special
+    tokens kept, no spaces inserted around added tokens (Kimi's ``<think>``/``</think>``), the stop
+    token trimmed. SGLang's own defaults (true, true, false) make Kimi rows drift from their ids."""
 
     base_urls: list[str] = ["http://127.0.0.1:30000"]
     api_key: str = ""  # only if the server was started with --api-key
@@ -13,12 +19,20 @@ class SGLangResource(dg.ConfigurableResource):
     repair_prefix_bug: bool = True
     connections_per_client: int = 10
     read_timeout_s: float = 900.0
+    skip_special_tokens: bool = False
+    spaces_between_special_tokens: bool = False
+    no_stop_trim: bool = False
+
+    def text_options(self) -> dict:
+        return {"skip_special_tokens": self.skip_special_tokens,
+                "spaces_between_special_tokens": self.spaces_between_special_tokens, "no_stop_trim": self.no_stop_trim}
 
     def backend(self, render_prompt):
         from eagle3_assets.generation.backends import SGLangBackend
 
         return SGLangBackend(self.base_urls, render_prompt, api_key=self.api_key or None,
-                             health_check=self.health_check, repair_prefix_bug=self.repair_prefix_bug)
+                             health_check=self.health_check, repair_prefix_bug=self.repair_prefix_bug,
+                             text_options=self.text_options())
 
     def client_config(self):
         from eagle3_assets.generation.http_engine import ClientConfig

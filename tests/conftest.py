@@ -25,6 +25,14 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def kimi_mini_dir() -> Path:
+    """The kimi-mini target, built once into the shared model cache (about 20 s)."""
+    from eagle3_assets.target.kimi_mini import ensure_kimi_mini
+
+    return ensure_kimi_mini(MODEL_CACHE)
+
+
+@pytest.fixture(scope="session")
 def target_tokenizer(model_dir):
     from eagle3_assets.tokens.tokenizer import TargetTokenizer
 

@@ -9,6 +9,7 @@ instance config come from the wheel, nothing is read from the checkout.
 """
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -25,9 +26,13 @@ pytestmark = pytest.mark.skipif(not (REPO_ROOT / "pyproject.toml").exists(), rea
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     work = tmp_path_factory.mktemp("install")
+    # build from a clean copy: an in-tree build/ directory could carry modules that no longer exist
+    source = work / "source"
+    shutil.copytree(REPO_ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "data", "build", "*.egg-info", "test-artifacts", "__pycache__", ".pytest_cache"))
     dist = work / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(dist), str(REPO_ROOT)], check=True, capture_output=True, timeout=600)
+                    "-w", str(dist), str(source)], check=True, capture_output=True, timeout=600)
     wheel = next(dist.glob("eagle3_assets-*.whl"))
     env_dir = work / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
@@ -63,7 +68,7 @@ def test_the_wheel_is_used_not_the_checkout(installed):
     for path in lines[:3]:
         assert Path(path).resolve().is_relative_to(env_dir.resolve()), path
     assert lines[3] == "['coding.jsonl', 'general.jsonl', 'math.jsonl']"
-    assert lines[4] == "['demo'] demo"
+    assert lines[4] == "['demo', 'kimi-mini'] demo"
 
 
 def test_definitions_validate_and_cli_paths_from_outside_the_repo(installed):

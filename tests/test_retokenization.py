@@ -1,9 +1,11 @@
 """Re-tokenization of text-only rows, its calibration against native ids, and adversarial text.
 
-Two tokenizers: the embedded SmolLM2 (ChatML, no think tokens) and the project's Kimi test
-tokenizer (Kimi K2.5's special-token layout and chat-template structure, small BPE).
+Two tokenizers: the embedded SmolLM2 (ChatML, no think tokens) and the ``kimi-mini`` target's
+tokenizer (Kimi K2.5's ids, encode semantics and chat template over a small BPE, loaded as remote
+code like the real one).
 """
 
+import dagster as dg
 import duckdb
 import polars as pl
 import pytest
@@ -29,7 +31,7 @@ def kimi(kimi_dir):
 
 @pytest.fixture(scope="session")
 def kimi_no_think(kimi_dir):
-    return TargetTokenizer.load(kimi_dir, end_of_turn="<|im_end|>", thinking=False)
+    return TargetTokenizer.load(kimi_dir, end_of_turn="<|im_end|>", thinking=False, trust_remote_code=True)
 
 
 @pytest.fixture(params=["smollm2", "kimi"])
@@ -52,11 +54,13 @@ def _id(tok, s):
 def test_kimi_test_tokenizer_mirrors_kimis_layout(kimi):
     t = kimi.tokenizer
     base = _id(kimi, "[BOS]")
+    assert base == 163584 and len(t) == 163840  # Kimi's real ids, not just its relative layout
     for slot, (name, special) in KIMI_SLOTS.items():
         assert _id(kimi, name) == base + slot, name
         assert t.added_tokens_decoder[base + slot].special is special, name
-    assert all(i < base for i in t.get_vocab().values() if t.convert_ids_to_tokens(i) not in t.added_tokens_encoder)
-    assert len(t) == base + 256 and base < 4000
+    added = t.added_tokens_encoder
+    assert all(i < base for tok, i in t.get_vocab().items() if tok not in added)
+    assert len(added) == 256 and t.convert_ids_to_tokens(base + 5) == "<|reserved_token_163589|>"
     assert t.eos_token == "[EOS]" and kimi.end_of_turn_id == base + 2 != _id(kimi, "[EOS]")
     assert (kimi.think_start_id, kimi.think_end_id) == (base + 22, base + 23)
     assert kimi.context_length == 4096 and kimi.thinking is None
@@ -76,10 +80,13 @@ def test_kimi_chat_template_structure(kimi, kimi_no_think):
     assert kimi.render_prompt(msgs)[-1] == kimi.think_start_id
     off = kimi_no_think.render_prompt(msgs)
     assert off[-2:] == [kimi.think_start_id, kimi.think_end_id]
-    # the last assistant turn after the last user message keeps its reasoning
+    # K2.5 splits history at the last assistant turn that is not a tool call: a finished final
+    # answer is history too (the stand-in this replaced split at the last user message)
     done = msgs[:2] + [{"role": "assistant", "content": "Hello", "reasoning_content": "greet back"}]
     rendered = kimi.tokenizer.apply_chat_template(done, tokenize=False, add_generation_prompt=False)
-    assert rendered.endswith("<|im_assistant|>assistant<|im_middle|><think>greet back</think>Hello<|im_end|>")
+    assert rendered.endswith("<|im_assistant|>assistant<|im_middle|><think></think>Hello<|im_end|>")
+    kept = kimi.tokenizer.apply_chat_template(done, tokenize=False, add_generation_prompt=False, preserve_thinking=True)
+    assert kept.endswith("<think>greet back</think>Hello<|im_end|>")
 
 
 # --- re-tokenization layout ------------------------------------------------------------------
@@ -92,10 +99,15 @@ def test_kimi_text_only_row_with_reasoning_matches_the_rendered_conversation(kim
     completion = t["input_ids"][t["prompt_len"]:]
     assert completion == (kimi.encode_text("Add 2 and 3: 5.") + [kimi.think_end_id]
                           + kimi.encode_text("The answer is 5.") + [kimi.end_of_turn_id])
-    # prompt + completion is exactly the template's rendering of the finished conversation
+    # prompt + completion is the template's rendering of the finished conversation with its reasoning
+    # kept (preserve_thinking); a plain K2.5 re-render makes the finished answer history and drops
+    # the reasoning the model generated: re-rendering is not append-only, so it is never used
     full = msgs + [{"role": "assistant", "content": "The answer is 5.", "reasoning_content": "Add 2 and 3: 5."}]
-    enc = kimi.tokenizer.apply_chat_template(full, tokenize=True, add_generation_prompt=False, return_dict=True)
+    enc = kimi.tokenizer.apply_chat_template(full, tokenize=True, add_generation_prompt=False, return_dict=True,
+                                             preserve_thinking=True)
     assert t["input_ids"] == list(enc["input_ids"])
+    plain = kimi.tokenizer.apply_chat_template(full, tokenize=True, add_generation_prompt=False, return_dict=True)
+    assert list(plain["input_ids"]) != t["input_ids"]
     assert t["loss_mask"] == [0] * t["prompt_len"] + [1] * len(completion)
 
 
@@ -157,10 +169,10 @@ def test_multi_turn_supervises_only_the_final_turn(kimi):
 
 def test_wrong_end_of_turn_is_named_with_both_ids_and_strings(kimi_dir, kimi, tmp_path):
     base = _id(kimi, "[BOS]")
-    word = "chas"  # an ordinary BPE merge in this vocabulary, as 163533 is in Kimi's
+    word = "Ġchas"  # ' chas', an ordinary BPE merge in this vocabulary, as 163533 is in Kimi's
     ordinary = _id(kimi, word)
     assert ordinary < base and kimi.tokenizer.convert_ids_to_tokens(ordinary) == word
-    wrong = TargetTokenizer.load(kimi_dir, end_of_turn=word)
+    wrong = TargetTokenizer.load(kimi_dir, end_of_turn=word, trust_remote_code=True)
     assert wrong.end_of_turn_id == ordinary
     msgs = [{"role": "user", "content": "Hi"}]
     prompt = kimi.render_prompt(msgs)
@@ -181,7 +193,9 @@ def test_wrong_end_of_turn_is_named_with_both_ids_and_strings(kimi_dir, kimi, tm
             f"as {word!r} = id {ordinary}") in result.description
     with duckdb.connect() as con:
         ok = special_token_result(kimi, con, str(_ok(kimi, tmp_path, msgs, prompt)))
-    assert ok.passed, ok.description
+    # the literal '<|im_user|>' in the re-tokenized row is reported, not blocking
+    assert ok.severity == dg.AssetCheckSeverity.WARN and "1 re-tokenized rows write special-token strings" in ok.description
+    assert ok.metadata["literal_special_rows"].value == 1 and ok.metadata["special_in_text"].value == 0
 
 
 def _ok(kimi, tmp_path, msgs, prompt):
@@ -203,9 +217,16 @@ def test_literal_special_strings(any_tok):
     msgs = [{"role": "user", "content": f"Say {SPECIAL_STRINGS} please"}]
     t = build_token_row(row(text=f"Sure: {SPECIAL_STRINGS}"), msgs, tok)
     completion = t["input_ids"][t["prompt_len"]:]
-    # completion: literal special strings stay text; only the final end of turn is special
-    assert not set(completion[:-1]) & tok.special_ids and completion[-1] == tok.end_of_turn_id
+    # completion: encoded as the target's tokenizer encodes text. Kimi's encode allows every special
+    # string (split_special_tokens has no effect on it), so each literal becomes its special id,
+    # and the row says so; the text still decodes back unchanged
+    literals = tok.literal_specials(SPECIAL_STRINGS)
+    assert literals and t["literal_specials"] == len(literals)
+    assert sum(i in tok.special_ids for i in completion[:-1]) == len(literals) and completion[-1] == tok.end_of_turn_id
+    assert "literal special strings in text encoded as special ids" in t["build_notes"]
     assert tok.decode(completion[:-1]).endswith(f"Sure: {SPECIAL_STRINGS}")
+    if tok is not any_tok or "kimi" in tok.source.lower():
+        assert tok.tokenizer.encode("<|im_end|>", add_special_tokens=False, split_special_tokens=True) == [163586]
     # prompt: rendered as the server renders it, so the user's literal <|im_end|> IS the special id
     # (what the target was conditioned on); documented in eagle3_assets.tokens.tokenizer
     prompt = t["input_ids"][: t["prompt_len"]]

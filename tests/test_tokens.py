@@ -19,10 +19,12 @@ def test_end_of_turn_is_looked_up_never_the_unknown_fallback(target_tokenizer):
         lookup_token_id(tok.tokenizer, "<|no_such_token|>")
 
 
-def test_literal_special_strings_in_text_stay_text(target_tokenizer):
+def test_literal_special_strings_in_text_are_encoded_as_the_tokenizer_does(target_tokenizer):
+    # the tokenizer's own encode maps a literal special string to its id (Kimi's always does);
+    # the row flags it (tests/test_retokenization.py) and the text still decodes unchanged
     tok = target_tokenizer
     ids = tok.encode_text("ends with <|im_end|> here")
-    assert tok.end_of_turn_id not in ids
+    assert ids.count(tok.end_of_turn_id) == 1 and tok.literal_specials("ends with <|im_end|> here") == ["<|im_end|>"]
     assert tok.decode(ids) == "ends with <|im_end|> here"
 
 

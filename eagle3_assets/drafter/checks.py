@@ -10,13 +10,15 @@ from resources import StorageResource
 
 
 @dg.asset_check(asset=drafter_checkpoint, blocking=True, partitions_def=recipe_partitions,
-                description="The SGLang export follows the serving contract, and speculative decoding on held-out "
+                description="The SGLang and vLLM exports follow their serving contracts (rope, aux layers), and "
+                            "speculative decoding on held-out "
                             "prompts reaches the recipe's acceptance floor while reproducing greedy decoding.")
 def drafter_acceptance(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
-    from eagle3_assets.drafter.export import check_sglang_export
+    from eagle3_assets.drafter.export import check_sglang_export, check_vllm_export
 
     out = storage.layout.drafter_dir(context.partition_key)
-    problems = check_sglang_export(out / "sglang")
+    problems = [f"sglang export: {p}" for p in check_sglang_export(out / "sglang")]
+    problems += [f"vllm export: {p}" for p in check_vllm_export(out / "vllm")]
     ev = json.loads((out / "eval.json").read_text()) if (out / "eval.json").exists() else None
     if ev is None:
         problems.append("no eval.json: the drafter was not evaluated")

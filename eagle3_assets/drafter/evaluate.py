@@ -38,14 +38,12 @@ def eval_prompts(layout, datasets, limit: int) -> list[list[int]]:
 
 def evaluate_drafter(model_dir: Path, export_dir: Path, prompts: list[list[int]], recipe) -> dict:
     """Acceptance of the exported drafter (loaded from its files alone) and of an untrained one."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from eagle3_assets.drafter.export import load_sglang
     from eagle3_assets.drafter.model import read_target_embeddings
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate, untrained_baseline
+    from eagle3_assets.target.loading import load_causal_lm
 
-    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    target = load_causal_lm(model_dir)
     drafter = load_sglang(export_dir, read_target_embeddings(model_dir)).float().eval()
     stop = target.generation_config.eos_token_id
     stop = list(stop) if isinstance(stop, (list, tuple)) else [stop]

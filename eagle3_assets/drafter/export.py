@@ -5,7 +5,9 @@ SGLang (``--speculative-algorithm EAGLE3 --speculative-draft-model-path <dir>``)
 
 - ``config.json``: architectures ``["LlamaForCausalLMEagle3"]``, ``model_type`` llama, one
   hidden layer, the target's ``vocab_size`` and ``max_position_embeddings``, ``draft_vocab_size``,
-  legacy ``rope_theta``/``rope_scaling`` (SGLang reads those, not ``rope_parameters``),
+  legacy ``rope_theta``/``rope_scaling`` (SGLang reads those) and an equal ``rope_parameters``
+  (transformers 5, vLLM), with the target's yarn scaling in the keys every reader agrees on
+  (``drafter/rope.py``),
   ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang's "output of layer k" ids; the
   target reads them from here to know what to capture), ``torch_dtype``;
 - ``model.safetensors``: ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight`` in
@@ -31,6 +33,7 @@ from pathlib import Path
 import torch
 
 from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3_assets.drafter.rope import export_rope_problems, rope_fields
 
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
@@ -78,8 +81,7 @@ def _llama_fields(cfg: DrafterConfig) -> dict:
         "num_hidden_layers": 1,
         "hidden_act": cfg.hidden_act,
         "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": cfg.rope_scaling,
+        **rope_fields(cfg.rope_theta, cfg.rope_scaling),
         "max_position_embeddings": cfg.max_position_embeddings,
         "vocab_size": cfg.vocab_size,
         "attention_bias": False,
@@ -279,4 +281,53 @@ def check_sglang_export(export_dir: Path) -> list[str]:
         problems.append(f"lm_head rows {shapes['lm_head.weight'][0]} != draft_vocab_size {cfg.get('draft_vocab_size')}")
     if "t2d" in shapes and shapes["t2d"][0] != cfg.get("vocab_size"):
         problems.append(f"t2d length {shapes['t2d'][0]} != vocab_size {cfg.get('vocab_size')}")
+    problems += _shared_problems(cfg, cfg, (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"),
+                                 "config.json")
     return problems
+
+
+def _shared_problems(layer: dict, top: dict, sglang_ids, where: str) -> list[str]:
+    """Rope, head shape and aux-layer problems both engines' loaders would misread."""
+    from eagle3_assets.hidden_states.layers import sglang_shift_problem
+
+    problems = export_rope_problems(layer, where)
+    heads, head_dim = layer.get("num_attention_heads"), layer.get("head_dim")
+    if heads and layer.get("hidden_size") and not head_dim and layer["hidden_size"] % heads:
+        problems.append(f"{where}: no head_dim and hidden_size {layer['hidden_size']} is not a multiple of {heads} heads")
+    if sglang_ids:
+        shift = sglang_shift_problem(list(sglang_ids))
+        if shift:
+            problems.append(shift)
+    if top.get("target_hidden_size") and layer.get("hidden_size") and top["target_hidden_size"] != layer["hidden_size"]:
+        problems.append(f"{where}: target_hidden_size {top['target_hidden_size']} differs from hidden_size "
+                        f"{layer['hidden_size']}; this drafter's fc maps 3 x target_hidden_size to hidden_size of the same width")
+    return problems
+
+
+def check_vllm_export(export_dir: Path) -> list[str]:
+    """Problems with a speculators (vLLM) export's files (empty when vLLM reads it as trained)."""
+    from safetensors import safe_open
+
+    export_dir = Path(export_dir)
+    cfg_path, weights_path = export_dir / "config.json", export_dir / "model.safetensors"
+    if not cfg_path.exists() or not weights_path.exists():
+        return [f"{export_dir}: config.json or model.safetensors is missing"]
+    cfg = json.loads(cfg_path.read_text())
+    problems = []
+    if cfg.get("speculators_model_type") != "eagle3":
+        problems.append(f"speculators_model_type is {cfg.get('speculators_model_type')!r}, not 'eagle3'")
+    for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+        if cfg.get(flag, flag == "norm_before_residual"):
+            problems.append(f"{flag} is on (or missing, and vLLM's default is on); this drafter has no such norm")
+    layer = cfg.get("transformer_layer_config") or {}
+    ids = cfg.get("eagle_aux_hidden_state_layer_ids") or []
+    if not ids:
+        problems.append("eagle_aux_hidden_state_layer_ids is missing")
+    with safe_open(str(weights_path), framework="pt") as f:
+        names = set(f.keys())
+    for need in ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "embed_tokens.weight"):
+        if need not in names:
+            problems.append(f"model.safetensors lacks {need}")
+    if not any(n.startswith("layers.0.") for n in names):
+        problems.append("model.safetensors has no layers.0.* weights")
+    return problems + _shared_problems(layer, cfg, [i - 1 for i in ids], "transformer_layer_config")

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eagle3_assets.drafter.rope import drafter_rope_scaling, rope_frequencies
+
 # ----------------------------------------------------------------------------- config
 
 
@@ -58,8 +60,7 @@ class DrafterConfig:
     def __post_init__(self):
         if self.hidden_act != "silu":
             raise ValueError(f"only the SwiGLU (silu) MLP is implemented, got {self.hidden_act!r}")
-        if self.rope_scaling not in (None, {}) and self.rope_scaling.get("rope_type", self.rope_scaling.get("type")) != "default":
-            raise ValueError(f"rope scaling {self.rope_scaling} is not implemented; only default rope")
+        self.rope_scaling = drafter_rope_scaling(self.rope_scaling)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
 
@@ -72,7 +73,10 @@ class DrafterConfig:
         aux_layer_ids: list[int] | None = None,
         intermediate_size: int | None = None,
     ) -> DrafterConfig:
-        """A drafter shaped like one layer of the target (a Llama-style ``config.json`` dict)."""
+        """A drafter shaped like one layer of the target, from its ``config.json`` dict (the
+        ``text_config`` of a multimodal wrapper such as Kimi-K2.5). The rope (theta and yarn
+        scaling) is the target's; for an MLA target (DeepSeek-V3 / Kimi) whose ``head_dim`` means
+        the rope width, the drafter's Llama heads are ``v_head_dim`` wide."""
         from eagle3_assets.hidden_states.layers import resolve_layer_ids
 
         text = target.get("text_config") or target
@@ -82,12 +86,16 @@ class DrafterConfig:
         scaling = text.get("rope_scaling")
         if scaling is None and rope.get("rope_type", "default") != "default":
             scaling = dict(rope)
+        if scaling and scaling.get("original_max_position_embeddings") is None and text.get("original_max_position_embeddings"):
+            scaling = {**scaling, "original_max_position_embeddings": text["original_max_position_embeddings"]}
+        mla = text.get("kv_lora_rank") is not None
+        head_dim = text["v_head_dim"] if mla else (text.get("head_dim") or text["hidden_size"] // heads)
         return cls(
             hidden_size=int(text["hidden_size"]),
             intermediate_size=int(intermediate_size or text["intermediate_size"]),
             num_attention_heads=heads,
             num_key_value_heads=int(text.get("num_key_value_heads") or heads),
-            head_dim=int(text.get("head_dim") or text["hidden_size"] // heads),
+            head_dim=int(head_dim),
             rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
             max_position_embeddings=int(text["max_position_embeddings"]),
@@ -136,16 +144,24 @@ def read_target_tensor(model_dir: Path, *names: str) -> torch.Tensor:
 
 def read_target_embeddings(model_dir: Path) -> torch.Tensor:
     """The target's input embedding matrix [V, H] (what the drafter embeds tokens with)."""
-    return read_target_tensor(model_dir, "model.embed_tokens.weight", "embed_tokens.weight",
-                              "model.language_model.embed_tokens.weight")
+    return read_target_tensor(model_dir, *EMBEDDING_NAMES)
 
 
 def read_target_lm_head(model_dir: Path) -> torch.Tensor:
     """The target's output head [V, H]; the embedding matrix when the target ties them."""
     cfg = read_target_config(model_dir)
-    if cfg.get("tie_word_embeddings", False):
+    text = cfg.get("text_config") or cfg
+    if text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)):
         return read_target_embeddings(model_dir)
-    return read_target_tensor(model_dir, "lm_head.weight", "language_model.lm_head.weight")
+    return read_target_tensor(model_dir, *LM_HEAD_NAMES)
+
+
+# Where checkpoints keep the input embedding and the output head: plain causal LMs, the original
+# multimodal layout (Kimi-K2.5: language_model.model.*, language_model.lm_head) and transformers'
+# own multimodal layout (model.language_model.*).
+EMBEDDING_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "language_model.model.embed_tokens.weight",
+                   "model.language_model.embed_tokens.weight")
+LM_HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -164,17 +180,19 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Default (unscaled) RoPE with the target's theta, in Llama's rotate-half layout."""
+    """RoPE with the target's theta (and yarn scaling), in Llama's rotate-half layout, computed
+    as the serving engines compute it from the exported config (see ``rope_frequencies``)."""
 
-    def __init__(self, head_dim: int, theta: float):
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        inv_freq, self.attention_factor = rope_frequencies(head_dim, theta, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[..., None] * self.inv_freq  # [B, T, d/2]
         emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        a = self.attention_factor
+        return (emb.cos() * a).to(dtype), (emb.sin() * a).to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -319,7 +337,7 @@ class Eagle3Drafter(nn.Module):
         self.midlayer = Eagle3Layer(cfg)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
 

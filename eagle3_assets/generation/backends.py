@@ -74,14 +74,19 @@ class SGLangBackend:
     ``TargetTokenizer.render_prompt``). ``model`` names the rows' model (default: ``/model_info``'s
     ``model_path``). ``sampling_params`` are merged into every request's sampling params (e.g.
     ``{"stop_token_ids": [...]}``); ``extra`` into the request body. ``api_key`` for servers
-    started with ``--api-key``.
+    started with ``--api-key``. ``text_options``: SGLang's ``skip_special_tokens``,
+    ``spaces_between_special_tokens`` and ``no_stop_trim``, sent in every request's sampling
+    params (default: the text closest to the ids, see ``TEXT_OPTIONS``) and recorded in each
+    row's flags when they differ from that default.
     """
+
+    TEXT_OPTIONS = {"skip_special_tokens": False, "spaces_between_special_tokens": False, "no_stop_trim": False}
 
     source = "sglang"
 
     def __init__(self, base_urls, render_prompt: Callable[[list], list[int]], *, model: str | None = None,
                  sampling_params: dict | None = None, extra: dict | None = None, api_key: str | None = None,
-                 health_check: bool = True, repair_prefix_bug: bool = True):
+                 health_check: bool = True, repair_prefix_bug: bool = True, text_options: dict | None = None):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("SGLangBackend needs at least one base URL")
@@ -95,6 +100,12 @@ class SGLangBackend:
         self.health_check = health_check
         self.repair_prefix_bug = repair_prefix_bug
         self.server_info: dict = {}
+        unknown = set(text_options or {}) - set(self.TEXT_OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown SGLang text options {sorted(unknown)}; known: {sorted(self.TEXT_OPTIONS)}")
+        self.text_options = {**self.TEXT_OPTIONS, **(text_options or {})}
+        self._text_flags = tuple(f"text_option:{k}={str(v).lower()}" for k, v in self.text_options.items()
+                                 if v != self.TEXT_OPTIONS[k])
 
     def __repr__(self) -> str:
         return f"SGLangBackend(base_urls={self.base_urls!r}, model={self.model!r})"
@@ -107,6 +118,7 @@ class SGLangBackend:
         sp = {"max_new_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p}
         if sampling.temperature > 0:
             sp["sampling_seed"] = sample_seed(sampling, req)
+        sp.update(self.text_options)
         sp.update(self.sampling_params)
         payload = {"input_ids": ids, "sampling_params": sp, "stream": False, **self.extra}
         return Prepared(req, ids, payload)
@@ -125,7 +137,7 @@ class SGLangBackend:
         if isinstance(data, list):
             data = data[0]
         meta = data["meta_info"]
-        flags = []
+        flags = list(self._text_flags)
         rid = f"{prepared.req.sample_id}-{attempts}"
         if meta.get("id") not in (None, rid):
             return Parsed(Outcome("fail", "rid_mismatch", message=f"asked for {rid}, got {meta.get('id')}", status=status))

@@ -66,15 +66,12 @@ class LocalExtractor:
         dtype: str = "float32",
         target: dict | None = None,
     ):
-        import torch
-
         if model is None:
             if model_dir is None:
                 raise ValueError("LocalExtractor needs model_dir or a loaded model")
-            from transformers import AutoModelForCausalLM
+            from eagle3_assets.target.loading import load_causal_lm
 
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-            model.to(device).eval()
+            model = load_causal_lm(model_dir, dtype=dtype, device=device)
         self.model = model
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self._target = target

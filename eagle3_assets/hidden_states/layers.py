@@ -3,9 +3,10 @@
 Ids follow SGLang/SpecForge: id ``k`` is the *output of decoder layer k* (0-based), i.e. the
 residual stream entering layer ``k + 1``. The default for a target with ``L`` layers is
 ``[1, L//2 - 1, L - 4]`` (SpecForge ``resolve_eagle_capture_layers``; SGLang's own default
-``[2, L//2, L-3]`` counts "entering" layers and names the same tensors). vLLM/speculators ids
-are ours + 1. Getting this wrong silently trains a drafter on the wrong layers, so the manifest
-records the convention and the HF index each id was read from.
+``[2, L//2, L-3]`` counts "entering" layers and names the same tensors); Kimi-K2.5's 61 layers
+give [1, 29, 57]. vLLM/speculators ids are ours + 1. Ids must start at 1: SGLang reads ids that
+do not as "entering" ids (see ``sglang_shift_problem``). Getting this wrong silently trains a
+drafter on the wrong layers, so the manifest records the convention and the HF index each id was read from.
 
 Hugging Face ``output_hidden_states`` (verified on transformers 5.24, Llama, by
 ``tests/test_hidden_states.py``): ``hidden_states[0]`` is the embeddings, ``hidden_states[k+1]``
@@ -51,7 +52,27 @@ def resolve_layer_ids(config, override: list[int] | None = None) -> list[int]:
             raise ValueError(f"aux layer id {i} is outside 0..{n - 1} for a {n}-layer target")
     if sorted(set(ids)) != ids:
         raise ValueError(f"aux layer ids must be strictly increasing, got {ids}")
+    sglang_shift_problem(ids, raise_error=True)
     return ids
+
+
+def sglang_shift_problem(ids: list[int], *, raise_error: bool = False) -> str | None:
+    """Why SGLang would capture other layers than ``ids`` name, or None.
+
+    SGLang's ``set_eagle3_layers_to_capture`` turns "output of layer k" ids into "entering layer
+    k + 1" only when the first id is 1 (since sgl-project/sglang#25454; older versions always
+    shift). Ids that start elsewhere are read unshifted by a new SGLang and shifted by an old one,
+    so at serve time the target captures the layer before the one the drafter was trained on.
+    The default ids start at 1; other ids are refused rather than silently moved."""
+    if ids and ids[0] != 1:
+        msg = (f"aux layer ids {list(ids)} do not start at 1: SGLang (since PR #25454) shifts ids to "
+               "'output of layer k' only when the first id is 1, so it would capture layers "
+               f"{[i - 1 for i in ids]} at serve time while older versions capture {list(ids)}; "
+               "use ids that start at 1 (the default [1, L//2-1, L-4] does)")
+        if raise_error:
+            raise ValueError(msg)
+        return msg
+    return None
 
 
 def hf_hidden_states_index(layer_id: int, n_layers: int) -> int:

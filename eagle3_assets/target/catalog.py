@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle3_assets.target.embedded import ensure_default_model
+from eagle3_assets.target.kimi_mini import ensure_kimi_mini
 
 # name -> builder(models_dir) -> checkpoint directory (built once, then cached)
-BUILTIN = {"smollm2": ensure_default_model}
+BUILTIN = {"smollm2": ensure_default_model, "kimi-mini": ensure_kimi_mini}
+# what each bundled target needs from the TargetResource (kimi-mini loads its tokenizer as remote code)
+BUILTIN_SETTINGS = {"kimi-mini": {"trust_remote_code": True}}
 DEFAULT = "smollm2"
 
 

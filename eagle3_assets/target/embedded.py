@@ -97,9 +97,7 @@ class EmbeddedModel:
     """
 
     def __init__(self, model_dir: Path | str, *, device: str = "cpu", dtype: str = "float32", tokenizer=None):
-        import torch
-        from transformers import AutoModelForCausalLM
-
+        from eagle3_assets.target.loading import load_causal_lm
         from eagle3_assets.tokens.tokenizer import TargetTokenizer
 
         self.model_dir = Path(model_dir)
@@ -107,8 +105,7 @@ class EmbeddedModel:
         self.device = device
         self.target_tokenizer = tokenizer if tokenizer is not None else TargetTokenizer.load(self.model_dir)
         self.tokenizer = self.target_tokenizer.tokenizer
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype))
-        self.model.to(device).eval()
+        self.model = load_causal_lm(self.model_dir, dtype=dtype, device=device)
         self.stop_ids = self._stop_ids()
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.stop_ids[0]

@@ -12,7 +12,7 @@ TOKEN_SCHEMA = {
     "sample_id": pl.Utf8, "dataset": pl.Utf8, "prompt_id": pl.Utf8, "sample_index": pl.Int32,
     "source": pl.Utf8, "model": pl.Utf8, "finish_reason": pl.Utf8,
     "input_ids": pl.List(pl.Int32), "loss_mask": pl.List(pl.Int8),
-    "prompt_len": pl.Int32, "completion_len": pl.Int32, "text_len": pl.Int32,
+    "prompt_len": pl.Int32, "completion_len": pl.Int32, "text_len": pl.Int32, "literal_specials": pl.Int32,
     "native_ids": pl.Boolean, "built_from": pl.Utf8, "build_notes": pl.Utf8,
     "retok_matched": pl.Int32, "retok_total": pl.Int32, "retok_exact": pl.Boolean, "retok_diff": pl.Utf8,
 }

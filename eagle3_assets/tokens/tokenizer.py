@@ -12,13 +12,18 @@ Re-tokenization contract (sglang-and-kimi.md sections C, D):
   ``thinking`` template kwarg passed only when configured. Literal special-token strings in
   *prompt* messages (a user typing ``<|im_end|>``) become special ids, exactly as the server's own
   rendering tokenizes them, because those are the ids the target was conditioned on;
-- the completion is tokenized with ``split_special_tokens=True``: literal special strings in the
-  model's text stay text (a model cannot emit a special id as text pieces and have ``text`` show it,
-  since servers skip special tokens when decoding). Non-special added tokens (Kimi's ``<think>``,
-  ``</think>`` and tool-call markers, ``special=False``) still map to their ids, as Kimi's own
-  encode does;
+- the completion is tokenized as the target's own tokenizer encodes text: Kimi's ``encode``
+  allows every special string (``split_special_tokens`` has no effect on it), so a literal
+  ``<|im_end|>`` in API text becomes id 163586; every tokenizer is asked the same way, so the
+  result never depends on a keyword only some tokenizers honour. Such rows are flagged in
+  ``build_notes`` and counted in ``literal_specials`` for ``special_tokens_valid`` to report.
+  Non-special added tokens (Kimi's ``<think>``, ``</think>`` and tool-call markers) map to their
+  ids, as Kimi's own encode does;
 - reasoning is placed where the template's generating turn puts it: when the prompt ends with
-  ``<think>`` (K2.5 thinking generation prompt) the completion is ``reasoning </think> text``;
+  ``<think>`` (K2.5 thinking generation prompt) the completion is ``reasoning </think> text``.
+  Rows whose text is the server's decode of its own ids (SGLang, local) carry the reasoning
+  *inside* ``text`` (``reasoning</think>answer``, reasoning None): it is split at the first
+  ``</think>``, and a think block the ids never closed is kept open (``split_thinking``);
   when the template has think tokens but the prompt does not open one and the row carries
   reasoning, the model emitted the whole block: ``<think> reasoning </think> text``; a
   tokenizer without think tokens gets ``text`` only. A completion that stopped gets the
@@ -54,6 +59,8 @@ class TargetTokenizer:
 
     ``thinking``: None leaves the chat template's default; True/False is passed to the template as
     the ``thinking`` kwarg (Kimi K2.5's switch between ``<think>`` and ``<think></think>``).
+    ``end_of_turn`` defaults to the token the chat template closes an assistant turn with (Kimi:
+    ``<|im_end|>`` 163586, not its ``eos_token`` ``[EOS]`` 163585), else ``eos_token``.
     ``context_length``: the model's context from its ``config.json`` (``max_position_embeddings``)
     or a sane ``model_max_length``; None when unknown.
     """
@@ -75,9 +82,12 @@ class TargetTokenizer:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-        eot = end_of_turn or tok.eos_token
+        kwargs = {} if thinking is None else {"thinking": thinking}
+        turn_end = template_turn_end(tok, kwargs)
+        eot = end_of_turn or (turn_end[0] if turn_end else tok.eos_token)
         if not eot:
-            raise SpecialTokenError(f"{path}: tokenizer has no eos_token; configure end_of_turn explicitly")
+            raise SpecialTokenError(f"{path}: tokenizer has no chat template turn end and no eos_token; "
+                                    "configure end_of_turn explicitly")
         return cls(tok, eot, lookup_token_id(tok, eot), str(path), thinking=thinking,
                    context_length=_context_length(Path(config_dir or path), tok),
                    think_start_id=_optional_token_id(tok, THINK_START),
@@ -110,29 +120,65 @@ class TargetTokenizer:
         return list(enc["input_ids"])
 
     def encode_text(self, text: str) -> list[int]:
-        """Ids of plain text; literal special-token strings stay text, never special ids."""
+        """Ids of text as the target's tokenizer encodes it (literal special strings included)."""
         if not text:
             return []
-        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def literal_specials(self, text: str) -> list[str]:
+        """Special-token strings written literally in ``text`` (each occurrence), which encoding
+        turns into special ids."""
+        if not text or "<" not in text and "[" not in text:
+            return []
+        found = []
+        for name in self.special_names:
+            found += [name] * text.count(name)
+        return found
+
+    @property
+    def special_names(self) -> list[str]:
+        if "_special_names" not in self.__dict__:
+            self.__dict__["_special_names"] = sorted(
+                (t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special), key=len, reverse=True)
+        return self.__dict__["_special_names"]
 
     def decode(self, ids: list[int]) -> str:
         # no spaces around added tokens: Kimi's slow tokenizer otherwise decodes
         # "<think>ok</think>1" as " <think> ok </think> 1" (vllm#33457)
         return self.tokenizer.decode(ids, skip_special_tokens=False, spaces_between_special_tokens=False)
 
+    def opens_think(self, prompt_ids: list[int] | None) -> bool:
+        """The generation prompt ends inside an open think block (K2.5's thinking prompt)."""
+        return bool(prompt_ids) and self.has_think_tokens and prompt_ids[-1] == self.think_start_id
+
+    def split_thinking(self, row: dict, prompt_ids: list[int] | None) -> tuple[str | None, str, bool | None]:
+        """(reasoning, text, think_closed) of a row. A row whose text is its server's decode of its
+        own ids (native ids, no separate reasoning) and whose prompt opened a think block holds
+        ``reasoning</think>answer`` in ``text``: split it at the first ``</think>``; whether the
+        block was closed is read from the ids. Other rows pass through (``think_closed`` None)."""
+        text, reasoning, native = row.get("text") or "", row.get("reasoning"), row.get("output_ids")
+        if native is None or reasoning is not None or not self.opens_think(prompt_ids):
+            return reasoning, text, None
+        closed = self.think_end_id in native
+        if THINK_END in text:
+            head, tail = text.split(THINK_END, 1)
+            return head, tail, closed
+        return (text, "", False) if not closed else ("", text, True)
+
     def completion_layout(self, prompt_ids: list[int] | None, reasoning: str | None, text: str,
-                          finish_reason: str) -> list[str]:
-        """The parts a re-tokenized completion is made of, in order (see the module docstring)."""
+                          finish_reason: str, think_closed: bool | None = None) -> list[str]:
+        """The parts a re-tokenized completion is made of, in order (see the module docstring).
+        ``think_closed``: whether the think block the prompt opened was closed, when known."""
         parts: list[str] = []
         stopped = finish_reason == "stop"
         last = prompt_ids[-1] if prompt_ids else None
-        opens_think = self.has_think_tokens and last == self.think_start_id
+        opens_think = self.opens_think(prompt_ids)
         closed_think = self.has_think_tokens and last == self.think_end_id  # thinking=False prompt
         if opens_think:
             # generation started inside the think block; a turn cut before any answer text
             # may not have closed it yet
             parts.append("reasoning")
-            if text or stopped:
+            if think_closed or (think_closed is None and (text or stopped)):
                 parts.append(THINK_END)
         elif reasoning and self.has_think_tokens and not closed_think:
             parts += [THINK_START, "reasoning", THINK_END]
@@ -142,12 +188,12 @@ class TargetTokenizer:
         return parts
 
     def retokenize_completion(self, text: str, finish_reason: str, *, reasoning: str | None = None,
-                              prompt_ids: list[int] | None = None) -> list[int]:
+                              prompt_ids: list[int] | None = None, think_closed: bool | None = None) -> list[int]:
         """Completion ids rebuilt from text (and reasoning) the way the template's generating turn
         lays them out; end-of-turn appended if it stopped. Used for text-only rows *and* for the
         calibration of rows with native ids."""
         ids: list[int] = []
-        for part in self.completion_layout(prompt_ids, reasoning, text or "", finish_reason or ""):
+        for part in self.completion_layout(prompt_ids, reasoning, text or "", finish_reason or "", think_closed):
             if part == "reasoning":
                 ids += self.encode_text(reasoning or "")
             elif part == "text":
@@ -162,18 +208,23 @@ class TargetTokenizer:
 
     def template_turn_end(self) -> tuple[str, int] | None:
         """The token the chat template closes an assistant turn with, or None if it cannot tell."""
-        marker = "Zq9 marker"
-        try:
-            rendered = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": marker}],
-                tokenize=False, add_generation_prompt=False, **self.template_kwargs())
-        except Exception:  # no chat template, or one that rejects this conversation
-            return None
-        rest = rendered[rendered.rfind(marker) + len(marker):] if marker in rendered else ""
-        ids = list(self.tokenizer.encode(rest, add_special_tokens=False)) if rest else []
-        if not ids:
-            return None
-        return self.tokenizer.convert_ids_to_tokens(ids[0]), int(ids[0])
+        return template_turn_end(self.tokenizer, self.template_kwargs())
+
+
+def template_turn_end(tokenizer, template_kwargs: dict | None = None) -> tuple[str, int] | None:
+    """(string, id) of the first token after an assistant message's content in the chat template."""
+    marker = "Zq9 marker"
+    try:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": marker}],
+            tokenize=False, add_generation_prompt=False, **(template_kwargs or {}))
+    except Exception:  # no chat template, or one that rejects this conversation
+        return None
+    rest = rendered[rendered.rfind(marker) + len(marker):] if marker in rendered else ""
+    ids = list(tokenizer.encode(rest, add_special_tokens=False)) if rest else []
+    if not ids:
+        return None
+    return tokenizer.convert_ids_to_tokens(ids[0]), int(ids[0])
 
 
 def _optional_token_id(tokenizer, token: str) -> int | None:
@@ -244,10 +295,22 @@ def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer
             raise ValueError(f"sample {sid}: no prompt ids and prompt {row.get('prompt_id')!r} is unknown")
         prompt_ids = tok.render_prompt(messages)
         notes.append("prompt rendered locally")
-    text, reasoning, finish = row.get("text") or "", row.get("reasoning"), row.get("finish_reason") or ""
-    layout = tok.completion_layout(prompt_ids, reasoning, text, finish)
-    retok = tok.retokenize_completion(text, finish, reasoning=reasoning, prompt_ids=prompt_ids)
+    finish = row.get("finish_reason") or ""
     native = row.get("output_ids")
+    if native and finish == "stop" and (row.get("text") or "").endswith(tok.end_of_turn) \
+            and native[-1] == tok.end_of_turn_id:
+        # the server kept the stop token in its text (SGLang no_stop_trim): the layout adds it back
+        row = {**row, "text": row["text"][: -len(tok.end_of_turn)]}
+        notes.append("stop token trimmed from text")
+    reasoning, text, think_closed = tok.split_thinking(row, prompt_ids)
+    if think_closed is not None:
+        notes.append("reasoning split from text at </think>" if think_closed else "think block never closed")
+    layout = tok.completion_layout(prompt_ids, reasoning, text, finish, think_closed)
+    retok = tok.retokenize_completion(text, finish, reasoning=reasoning, prompt_ids=prompt_ids, think_closed=think_closed)
+    literals = tok.literal_specials(text) + (tok.literal_specials(reasoning) if "reasoning" in layout else [])
+    if literals:
+        notes.append("literal special strings in text encoded as special ids: "
+                     + ", ".join(f"{n} x{literals.count(n)}" for n in sorted(set(literals))))
     if native is not None:
         completion, built_from = list(native), "native"
         matched, total = token_agreement(completion, retok)
@@ -290,7 +353,8 @@ def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer
         "loss_mask": [0] * len(prompt_ids) + [1] * len(completion),
         "prompt_len": len(prompt_ids),
         "completion_len": len(completion),
-        "text_len": len(text),
+        "text_len": len(row.get("text") or ""),
+        "literal_specials": len(literals),
         "native_ids": built_from == "native",
         "built_from": built_from,
         "build_notes": "; ".join(notes),

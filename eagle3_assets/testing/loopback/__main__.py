@@ -15,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on start)")
     p.add_argument("--synthetic", action="store_true", help="fake deterministic ids, for load tests only")
-    p.add_argument("--model-dir", default="", help="model directory (default: the converted embedded model)")
+    p.add_argument("--model-dir", default="", help="model directory or a bundled target: smollm2 (default), kimi-mini")
     p.add_argument("--latency", type=float, default=0.0, help="simulated seconds added to every generation")
     p.add_argument("--latency-jitter", type=float, default=0.0, help="plus uniform(0, this) seconds")
     p.add_argument("--faults", default="", help="e.g. 429=0.05,502=0.05,heartbeat=0.2,drop=0.01")
@@ -46,15 +46,18 @@ def make_app(args):
     else:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from eagle3_assets.paths import REPO_ROOT
-        from eagle3_assets.target.embedded import EmbeddedModel, ensure_default_model
+        from eagle3_assets.target.catalog import BUILTIN_SETTINGS, resolve_model_dir
+        from eagle3_assets.target.embedded import EmbeddedModel
+        from eagle3_assets.tokens.tokenizer import TargetTokenizer
 
         if args.threads:
             import torch
 
             torch.set_num_threads(args.threads)
-        model_dir = args.model_dir or ensure_default_model(
-            os.environ.get("EAGLE3_MODEL_CACHE") or REPO_ROOT / "data" / "models")
-        gen = ModelGenerator(EmbeddedModel(model_dir), max_batch=args.max_batch)
+        model_dir = resolve_model_dir(args.model_dir, os.environ.get("EAGLE3_MODEL_CACHE") or REPO_ROOT / "data" / "models")
+        remote = BUILTIN_SETTINGS.get(args.model_dir, {}).get("trust_remote_code", False)
+        tok = TargetTokenizer.load(model_dir, trust_remote_code=remote)
+        gen = ModelGenerator(EmbeddedModel(model_dir, tokenizer=tok), max_batch=args.max_batch)
     faults = FaultPlan.from_strings(args.faults, args.script, then=args.then, seed=args.seed,
                                     retry_after_s=args.retry_after, slow_s=args.slow)
     common = dict(faults=faults, latency_s=args.latency, latency_jitter_s=args.latency_jitter, seed=args.seed)

@@ -236,12 +236,24 @@ class SGLangApp(LoopbackApp):
             finish = {"type": "length", "length": max_new}
         self.generated[str(rid).rsplit("-", 1)[0]] += 1
         self.completion_tokens_billed += len(out.output_ids)
-        reply = Reply.json({"text": out.text, "output_ids": output_ids, "meta_info": {
+        reply = Reply.json({"text": self.text_of(out, sp), "output_ids": output_ids, "meta_info": {
             "id": rid, "finish_reason": finish, "prompt_tokens": len(ids),
             "completion_tokens": len(out.output_ids), "cached_tokens": 0,
             "e2e_latency": round(time.monotonic() - t0, 6),
         }})
         return self.with_fault_shape(fault, reply)
+
+    def text_of(self, out, sp: dict) -> str:
+        """``text`` as SGLang's detokenizer makes it from the ids and the request's text options
+        (defaults: skip special tokens, spaces between added tokens, stop token trimmed)."""
+        decode = getattr(self.gen, "decode_with", None)
+        if decode is None:
+            return out.text
+        ids = list(out.output_ids)
+        if out.finish_reason == "stop" and not sp.get("no_stop_trim", False):
+            ids = ids[:-1]
+        return decode(ids, skip_special_tokens=bool(sp.get("skip_special_tokens", True)),
+                      spaces_between_special_tokens=bool(sp.get("spaces_between_special_tokens", True)))
 
     def stats(self) -> dict:
         s = super().stats()

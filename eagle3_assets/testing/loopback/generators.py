@@ -47,6 +47,26 @@ class ModelGenerator:
     def decode(self, ids: list[int]) -> str:
         return self.model.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def decode_with(self, ids: list[int], *, skip_special_tokens: bool, spaces_between_special_tokens: bool) -> str:
+        """Decode as a Hugging Face slow tokenizer's ``_decode`` did under SGLang's detokenizer:
+        with ``spaces_between_special_tokens`` the pieces around every added token (Kimi's
+        ``<think>``, ``</think>``, tool-call markers and the specials) are joined with spaces."""
+        tok = self.model.tokenizer
+        added = tok.added_tokens_decoder
+        pieces, run = [], []
+        for i in ids:
+            if i in added:
+                if run:
+                    pieces.append(tok.decode(run, skip_special_tokens=False))
+                    run = []
+                if not (skip_special_tokens and added[i].special):
+                    pieces.append(added[i].content)
+            else:
+                run.append(i)
+        if run:
+            pieces.append(tok.decode(run, skip_special_tokens=False))
+        return (" " if spaces_between_special_tokens else "").join(pieces)
+
     async def generate(self, prompt_ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,
                        top_p: float = 1.0, seed: int = 0) -> Output:
         if self._queue is None:

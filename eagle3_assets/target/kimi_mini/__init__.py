@@ -1,0 +1,42 @@
+"""``kimi-mini``: a Kimi-K2.5-shaped target the project builds itself (see ``model.py`` and
+``tokenizer.py``), cached under the models directory like the SmolLM2 conversion."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+NAME = "Kimi-K2.5-mini"
+VERSION = "2"  # bump when the builder's output changes; a cached copy of another version is rebuilt
+
+
+def ensure_kimi_mini(models_dir: Path) -> Path:
+    """The cached ``kimi-mini`` directory, built on first use (atomically: a temporary sibling
+    renamed into place, so a crash or a concurrent builder never leaves half a checkpoint)."""
+    out = Path(models_dir) / NAME
+    stamp = out / "SOURCE"
+    if stamp.is_file() and stamp.read_text().strip() == f"kimi-mini builder v{VERSION}":
+        return out
+    from eagle3_assets.target.kimi_mini.model import write_model
+    from eagle3_assets.target.kimi_mini.tokenizer import write_tokenizer
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+    try:
+        facts = write_tokenizer(tmp)
+        write_model(tmp, facts["text_ids"])
+        tmp.chmod(0o755)
+        (tmp / "SOURCE").write_text(f"kimi-mini builder v{VERSION}\n")
+        old = out.with_name(out.name + f".old-{tmp.name[-8:]}")
+        if out.exists():
+            out.rename(old)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "SOURCE").is_file():
+                raise
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
