@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from eagle3_assets.target.vllm_server import VLLMServer, vllm_available
+from eagle3_assets.testing import small_drafter
 from tests.conftest import write_jsonl
 
 pytestmark = [
@@ -27,17 +28,9 @@ pytestmark = [
     pytest.mark.skipif(not vllm_available(), reason="no vLLM environment (.venv-vllm): run `make vllm` to run these"),
 ]
 
-LAYER_IDS = [1, 14, 26]
 K = 3
 MAX_NEW = 24
-TRAIN_QUESTIONS = [f"What is {a}+{b}? Answer with a number only." for a, b in [(2, 3), (7, 5), (10, 4), (6, 9)]] + [
-    "Name three colors.", "What is the capital of France?", "Say hello in Spanish.", "List two fruits.",
-    "What is water made of?", "Name a large ocean.", "What color is the sky?", "Give me a synonym for happy.",
-    "How many legs does a spider have?", "What is the opposite of cold?", "Name a planet.", "What do bees make.",
-]
-HELD_OUT = ["What is the capital of Italy?", "Name two animals.", "What is 5+6? Answer with a number only.",
-            "What is the opposite of hot?", "Name a fruit that is yellow.", "How many days are in a week?",
-            "What is 9+3? Answer with a number only.", "Say goodbye in French."]
+HELD_OUT = small_drafter.HELD_OUT
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,35 +43,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def drafter_export(embedded, model_dir, tmp_path_factory):
-    """A small drafter trained on the target's own greedy answers, exported for vLLM in float32
-    (so vLLM and the project's evaluator run the very same weights)."""
-    from eagle3_assets.drafter.export import export_vllm
-    from eagle3_assets.drafter.model import (
-        DrafterConfig,
-        build_drafter,
-        read_target_config,
-        read_target_embeddings,
-        read_target_lm_head,
-    )
-    from eagle3_assets.drafter.spec_decode import target_features
-    from eagle3_assets.drafter.train import FeatureBatches, Teacher, TrainConfig, add_target_ids, train
-    from eagle3_assets.drafter.vocab_map import build_vocab_map, count_tokens
-
-    prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in TRAIN_QUESTIONS]
-    gens = embedded.generate(prompts, max_new_tokens=24)
-    seqs = [p + g.output_ids for p, g in zip(prompts, gens)]
-    masks = [[0] * len(p) + [1] * len(g.output_ids) for p, g in zip(prompts, gens)]
-    feats = target_features(embedded.model, seqs, masks, LAYER_IDS)
-    cfg = read_target_config(model_dir)
-    vmap = build_vocab_map(count_tokens(((s["input_ids"], s["loss_mask"]) for s in feats), cfg["vocab_size"]), 512)
-    teacher = Teacher(read_target_lm_head(model_dir).float(), vmap)
-    dcfg = DrafterConfig.from_target(cfg, draft_vocab_size=512, intermediate_size=256)
-    model = build_drafter(dcfg, read_target_embeddings(model_dir), vmap, seed=0)
-    out = tmp_path_factory.mktemp("drafter")
-    train(TrainConfig(max_steps=40, batch_size=4, ttt_steps=K, lr=3e-3, warmup_steps=3, checkpoint_every=40,
-                      max_length=64, progress=False), model, FeatureBatches(add_target_ids(feats, teacher), 4, seed=0),
-          teacher, out / "train")
-    return export_vllm(model.eval(), out / "vllm", dtype="float32", verifier=str(model_dir), speculative_tokens=K)
+    """A small drafter trained on the target's own greedy answers, exported for vLLM in float32."""
+    return small_drafter.train_small_drafter(embedded, model_dir, tmp_path_factory.mktemp("drafter"), k=K)
 
 
 @pytest.fixture(scope="module")
