@@ -1,7 +1,8 @@
 """``raw_responses``: the target model's own answers, appended to responses/<dataset>/<source>.jsonl.
 
-Three backends behind one asset: the embedded model in-process (``local``), SGLang servers
-(``sglang``, exact ids) and OpenRouter (``openrouter``, text). Every backend resumes by sample
+Four backends behind one asset: the embedded model in-process (``local``), SGLang servers
+(``sglang``, exact ids), OpenRouter (``openrouter``, text) and any OpenAI-compatible server that
+returns token ids, such as vLLM (``vllm``, exact ids). Every backend resumes by sample
 id across all sources on disk, so a dataset can start on one and finish on another.
 """
 
