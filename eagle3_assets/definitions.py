@@ -14,7 +14,7 @@ from eagle3_assets.hidden_states.checks import shard_integrity
 from eagle3_assets.prompts.assets import prompts
 from eagle3_assets.tokens.assets import token_ids
 from eagle3_assets.tokens.checks import TOKEN_CHECKS
-from resources import DatasetSettings, OpenRouterResource, SGLangResource, StorageResource, TargetResource
+from resources import DatasetSettings, OpenRouterResource, SGLangResource, StorageResource, TargetResource, VLLMResource
 from sensors import prompt_files_sensor, run_failure_alerts
 
 # Downstream CPU stages follow their inputs by themselves once the daemon runs: eager, but only
@@ -47,6 +47,7 @@ def default_resources() -> dict:
         "target": TargetResource(model=os.environ.get("EAGLE3_TARGET", "")),  # e.g. kimi-mini
         "dataset_settings": DatasetSettings(),
         "sglang": SGLangResource(),
+        "vllm": VLLMResource(),
         # EnvVar keeps the key out of the UI and run config; bound only when set, so runs that
         # never call OpenRouter do not fail for want of a key.
         "openrouter": OpenRouterResource(

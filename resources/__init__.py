@@ -5,5 +5,7 @@ from .settings import DatasetSettings
 from .sglang import SGLangResource
 from .storage import StorageResource
 from .target import TargetResource
+from .vllm import VLLMResource
 
-__all__ = ["DatasetSettings", "OpenRouterResource", "SGLangResource", "StorageResource", "TargetResource"]
+__all__ = ["DatasetSettings", "OpenRouterResource", "SGLangResource", "StorageResource", "TargetResource",
+           "VLLMResource"]

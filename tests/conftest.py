@@ -17,6 +17,14 @@ MODEL_CACHE = Path(os.environ.get("EAGLE3_MODEL_CACHE") or REPO_ROOT / "data" / 
 os.environ["EAGLE3_MODEL_CACHE"] = str(MODEL_CACHE)
 
 
+def pytest_report_header(config):
+    from eagle3_assets.target.vllm_server import default_python, vllm_available
+
+    if vllm_available():
+        return f"vllm: {default_python()}: tests marked vllm start real vLLM servers"
+    return "vllm: no environment (run `make vllm`): tests marked vllm are SKIPPED"
+
+
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     from eagle3_assets.target.embedded import ensure_default_model

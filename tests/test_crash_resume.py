@@ -40,7 +40,7 @@ def test_kill_minus_nine_mid_generation_then_rerun(layout, model_dir, tmp_path):
     config = {"ops": {"raw_responses": {"config": {"max_new_tokens": 16, "batch_size": 2}}}}
     out = layout.responses_dir("crash") / "local.jsonl"
     proc = dagster_materialize(env, "raw_responses", "crash", config)
-    deadline = time.time() + 240
+    deadline = time.time() + 1200  # waits end as soon as the condition holds; long for loaded machines
     while complete_lines(out) < 4 and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
@@ -56,7 +56,7 @@ def test_kill_minus_nine_mid_generation_then_rerun(layout, model_dir, tmp_path):
 
     log = tmp_path / "rerun.log"
     rerun = dagster_materialize(env, "raw_responses", "crash", config, log=log)
-    assert rerun.wait(timeout=180) == 0, log.read_text()[-3000:]
+    assert rerun.wait(timeout=900) == 0, log.read_text()[-3000:]
     rows = ResponseStore(layout.responses_dir("crash")).rows()
     ids = [r["sample_id"] for r in rows]
     assert len(ids) == n and len(set(ids)) == n

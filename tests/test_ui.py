@@ -105,7 +105,7 @@ def backfill(ui):
         server.add_partition(name)
         write_jsonl(layout.prompt_source(name), small_prompts(3, prefix=f"{name}-"))
     backfill_id = server.launch_backfill(DATASETS, ASSETS, RUN_CONFIG, title="ui test")
-    return server.wait_for_backfill(backfill_id, timeout=900, poll=1.0)  # ~60 s on an idle 2-core box
+    return server.wait_for_backfill(backfill_id, timeout=1200, poll=1.0)  # ~60 s on an idle 2-core box
 
 
 def _step_window(instance, run_id: str, step: str) -> tuple[float, float]:

@@ -1,7 +1,8 @@
 """``raw_responses``: the target model's own answers, appended to responses/<dataset>/<source>.jsonl.
 
-Three backends behind one asset: the embedded model in-process (``local``), SGLang servers
-(``sglang``, exact ids) and OpenRouter (``openrouter``, text). Every backend resumes by sample
+Four backends behind one asset: the embedded model in-process (``local``), SGLang servers
+(``sglang``, exact ids), OpenRouter (``openrouter``, text) and any OpenAI-compatible server that
+returns token ids, such as vLLM (``vllm``, exact ids). Every backend resumes by sample
 id across all sources on disk, so a dataset can start on one and finish on another.
 """
 
@@ -18,13 +19,13 @@ from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.assets import prompts
 from eagle3_assets.prompts.table import read_prompt_table
-from resources import DatasetSettings, OpenRouterResource, SGLangResource, StorageResource, TargetResource
+from resources import DatasetSettings, OpenRouterResource, SGLangResource, StorageResource, TargetResource, VLLMResource
 
-BACKENDS = ("local", "sglang", "openrouter")
+BACKENDS = ("local", "sglang", "openrouter", "vllm")
 
 
 class GenerationConfig(dg.Config):
-    backend: str = "local"  # "local" (embedded model), "sglang" or "openrouter"
+    backend: str = "local"  # "local" (embedded model), "sglang", "openrouter" or "vllm" (OpenAI API + token ids)
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
@@ -109,6 +110,7 @@ def raw_responses(
     target: TargetResource,
     sglang: SGLangResource,
     openrouter: OpenRouterResource,
+    vllm: VLLMResource,
     dataset_settings: DatasetSettings,
 ) -> dg.MaterializeResult:
     if config.backend not in BACKENDS:
@@ -139,6 +141,9 @@ def raw_responses(
             figures = _run_local(context, config, model, requests, store, budget, sampling, progress)
         elif config.backend == "sglang":
             figures = _run_http(context, config, sglang.backend(tok.render_prompt), sglang.client_config(),
+                                requests, store, budget, sampling, progress)
+        elif config.backend == "vllm":
+            figures = _run_http(context, config, vllm.backend(tok.render_prompt, spec.served_name), vllm.client_config(),
                                 requests, store, budget, sampling, progress)
         else:
             figures = _run_http(context, config, openrouter.backend(spec.served_name), openrouter.client_config(),

@@ -10,11 +10,11 @@ import dagster as dg
 from eagle3_assets.corpus.assets import merged_corpus
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
-from resources import StorageResource, TargetResource
+from resources import StorageResource, TargetResource, VLLMResource
 
 
 class HiddenStatesConfig(dg.Config):
-    backend: str = "local"  # "local" (transformers) or "sglang" (in-process engine, GPU only)
+    backend: str = "local"  # "local" (transformers), "sglang" (in-process engine, GPU only) or "vllm" (a server)
     dtype: str = "bf16"  # "bf16" or "fp8" (e4m3 with a per-token scale; half the bytes)
     shard_bytes: int = 1 << 30
     batch_tokens: int = 4096
@@ -22,7 +22,7 @@ class HiddenStatesConfig(dg.Config):
     retry_quarantined: bool = False
 
 
-def build_extractor(config: HiddenStatesConfig, target: TargetResource):
+def build_extractor(config: HiddenStatesConfig, target: TargetResource, vllm: VLLMResource | None = None):
     """The extractor for the configured backend, reading the one target definition."""
     from eagle3_assets.hidden_states import extractors
 
@@ -36,7 +36,9 @@ def build_extractor(config: HiddenStatesConfig, target: TargetResource):
             str(spec.model_dir), hidden_size=text["hidden_size"], num_layers=text["num_hidden_layers"],
             layer_ids=config.layer_ids or None, vocab_size=text["vocab_size"], target=spec.identity,
         )
-    raise ValueError(f"unknown hidden-state backend {config.backend!r} (expected 'local' or 'sglang')")
+    if config.backend == "vllm":
+        return (vllm or VLLMResource()).extractor(spec, layer_ids=config.layer_ids or None)
+    raise ValueError(f"unknown hidden-state backend {config.backend!r} (expected 'local', 'sglang' or 'vllm')")
 
 
 @dg.asset(
@@ -48,7 +50,7 @@ def build_extractor(config: HiddenStatesConfig, target: TargetResource):
     description="Auxiliary + final hidden states per token in sharded safetensors, with index and manifest.",
 )
 def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig, storage: StorageResource,
-                  target: TargetResource) -> dg.MaterializeResult:
+                  target: TargetResource, vllm: VLLMResource) -> dg.MaterializeResult:
     from tqdm import tqdm
 
     from eagle3_assets.hidden_states.extract import extract_corpus
@@ -56,7 +58,7 @@ def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig,
     dataset = context.partition_key
     layout = storage.layout
     out = layout.hidden_states_dir(dataset)
-    extractor = build_extractor(config, target)
+    extractor = build_extractor(config, target, vllm)
     bar = tqdm(desc=f"hidden states {dataset}", unit="tok", unit_scale=True, file=sys.stderr)
     last_log = [time.monotonic()]
 
@@ -74,6 +76,8 @@ def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig,
         )
     finally:
         bar.close()
+        if hasattr(extractor, "close"):
+            extractor.close()
     manifest = json.loads((out / "manifest.json").read_text())
     tokens = manifest["num_tokens"]
     if report.quarantined_total:

@@ -1,0 +1,46 @@
+"""Running vLLM servers (or any OpenAI-compatible server that returns token ids), reached over HTTP."""
+
+import dagster as dg
+
+
+class VLLMResource(dg.ConfigurableResource):
+    """Two kinds of server, started outside Dagster (``python -m eagle3_assets.target.vllm_server``):
+
+    - ``base_urls``: servers for generation (``/v1/chat/completions`` with ``return_token_ids``);
+      ``endpoint: completions`` sends the locally rendered prompt ids instead of messages.
+    - ``extraction_urls``: a server started for hidden-state extraction (the
+      ``extract_hidden_states`` speculative method and a KV connector writing safetensors files);
+      this process reads the files at the paths the server returns, so both must see the same
+      filesystem.
+
+    The model asked for is the target's ``served_name`` when the server lists it, else the one
+    model the server serves (the target resource is the only place the model is named).
+    """
+
+    base_urls: list[str] = ["http://127.0.0.1:8000/v1"]
+    extraction_urls: list[str] = ["http://127.0.0.1:8001/v1"]
+    api_key: str = ""  # only if the server was started with --api-key
+    endpoint: str = "chat"  # "chat" or "completions"
+    connections_per_client: int = 10
+    read_timeout_s: float = 900.0
+    extraction_concurrency: int = 8  # requests in flight per extraction batch
+
+    def backend(self, render_prompt, served_name: str = ""):
+        from eagle3_assets.generation.openai_ids import OpenAIIdsBackend
+
+        return OpenAIIdsBackend(self.base_urls, preferred_model=served_name,
+                                render_prompt=render_prompt, endpoint=self.endpoint, api_key=self.api_key or None)
+
+    def client_config(self):
+        from eagle3_assets.generation.http_engine import ClientConfig
+
+        return ClientConfig(connections_per_client=self.connections_per_client, read_timeout_s=self.read_timeout_s)
+
+    def extractor(self, spec, layer_ids=None):
+        """A :class:`~eagle3_assets.hidden_states.vllm_extractor.VLLMExtractor` for the target ``spec``."""
+        from eagle3_assets.hidden_states.vllm_extractor import VLLMExtractor
+
+        return VLLMExtractor(self.extraction_urls, spec.model_dir, layer_ids=layer_ids,
+                             preferred_model=spec.served_name,
+                             api_key=self.api_key or None, concurrency=self.extraction_concurrency,
+                             read_timeout_s=self.read_timeout_s, target=spec.identity)
