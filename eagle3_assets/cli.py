@@ -21,6 +21,8 @@ def cmd_inventory(args) -> int:
 
 def cmd_add_dataset(args) -> int:
     """Validate a prompt file in one streaming pass, copy it into the data root, add its partition."""
+    import time
+
     from eagle3_assets.paths import prompt_file_dataset, prompt_file_suffix
     from eagle3_assets.prompts.options import ReadOptions, parse_column_map
     from eagle3_assets.prompts.reader import PromptReader
@@ -34,8 +36,11 @@ def cmd_add_dataset(args) -> int:
     options = ReadOptions(columns=parse_column_map(args.map or []), skip_invalid_rows=args.skip_invalid,
                           final_assistant="drop" if args.drop_final_assistant else "refuse")
     reader = PromptReader(src, options)
+    last = time.monotonic()
     for _ in reader:  # validation only: nothing is kept, so a 10 GB file needs no memory
-        pass
+        if time.monotonic() - last > 10:
+            last = time.monotonic()
+            print(f"  {reader.rows:,} rows read, {reader.skipped:,} bad so far", file=sys.stderr)
     reader.finish()
     dst = layout.prompt_file(name, suffix)
     existing = layout.prompt_sources(name)

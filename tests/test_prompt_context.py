@@ -49,6 +49,19 @@ def test_batched_lengths_equal_the_rendered_prompt(target_tokenizer):
     assert rendered_lengths(target_tokenizer, convs) == [len(target_tokenizer.render_prompt(c)) for c in convs]
 
 
+@pytest.mark.parametrize("thinking", [None, False])
+def test_batched_lengths_follow_kimis_template_and_thinking_switch(tmp_path_factory, thinking):
+    from eagle3_assets.testing.kimi_tokenizer import build_kimi_test_tokenizer
+    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+
+    tok = TargetTokenizer.load(build_kimi_test_tokenizer(tmp_path_factory.mktemp("kimi") / "Kimi-Test"),
+                               end_of_turn="<|im_end|>", thinking=thinking)
+    convs = [[{"role": "system", "content": "You are Kimi."}, {"role": "user", "content": "Hi"},
+              {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "And now?"}],
+             [{"role": "user", "content": "plain"}]]
+    assert rendered_lengths(tok, convs) == [len(tok.render_prompt(c)) for c in convs]
+
+
 def test_a_chat_template_that_refuses_a_row_names_it(target_tokenizer):
     import copy
 

@@ -57,6 +57,9 @@ def prompts(context: dg.AssetExecutionContext, config: PromptsConfig, storage: S
     layout = storage.layout
     out = layout.prompt_table(dataset)
     try:
+        if not layout.prompt_sources(dataset):
+            raise UserInputError(f"no prompt file for dataset {dataset!r} in {layout.prompts_dir} "
+                                 f"({dataset}.jsonl, {dataset}.jsonl.gz or {dataset}.parquet)")
         options = ReadOptions.load(layout.prompt_read_options(dataset))
         reader = PromptReader(layout.prompt_source(dataset), options,
                               skip_invalid=config.skip_invalid_rows or options.skip_invalid_rows)
