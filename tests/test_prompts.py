@@ -35,6 +35,7 @@ def test_openai_and_sharegpt_rows_normalize(tmp_path):
         {"id": 7, "messages": [{"role": "user", "content": "Numbers as ids"}]},
         {"conversations": [{"role": "user", "content": "ShareGPT with OpenAI keys"}]},
         {"messages": [{"role": "developer", "content": "Terse."}, {"role": "user", "content": "Developer is system"}]},
+        {"id": 8.0, "messages": [{"role": "user", "content": "An integer id that went through pandas"}]},
     ])
     parsed = read_prompt_file(path)
     assert [p.prompt_id for p in parsed.prompts][0] == "a"
@@ -45,6 +46,7 @@ def test_openai_and_sharegpt_rows_normalize(tmp_path):
     assert parsed.prompts[1].prompt_id == content_hash_id(parsed.prompts[1].messages)
     assert parsed.prompts[3].messages == [{"role": "user", "content": "ShareGPT with OpenAI keys"}]
     assert parsed.prompts[4].messages[0] == {"role": "system", "content": "Terse."}
+    assert parsed.prompts[5].prompt_id == "8"
 
 
 def test_content_hash_ids_are_stable_and_distinct():
@@ -83,6 +85,8 @@ def test_openai_text_parts_are_joined_and_other_parts_refused(tmp_path):
     ({"conversations": [{"from": "alien", "value": "q"}]}, "conversations[0].from", "unknown speaker"),
     ({"prompt": "no messages here"}, "messages", "neither 'messages'"),
     ({"id": "", "messages": [{"role": "user", "content": "q"}]}, "id", "non-empty"),
+    ({"id": 1.5, "messages": [{"role": "user", "content": "q"}]}, "id", "non-empty string or integer"),
+    ('[{"messages": []}]', "(line)", "JSONL holds one object per line"),
     ({"messages": [{"role": "user", "content": "   "}]}, "messages[0]", "empty"),
 ])
 def test_bad_rows_name_file_line_and_field(tmp_path, row, line_field, reason):

@@ -162,6 +162,8 @@ def parse_row(row: dict, number: int, cols: ColumnMap | None = None, *, drop_fin
 def _prompt_id(pid, messages: list[dict], field: str) -> str:
     if pid is None:
         return content_hash_id(messages)
+    if isinstance(pid, float) and pid.is_integer():  # integer ids that went through pandas
+        pid = int(pid)
     if isinstance(pid, (str, int)) and not isinstance(pid, bool) and str(pid).strip():
         return str(pid)
     raise RowError(field, f"must be a non-empty string or integer, got {pid!r}", "bad id")

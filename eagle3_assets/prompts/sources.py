@@ -22,6 +22,7 @@ from eagle3_assets.prompts.problems import PromptFileError, RowError
 BOM = "\ufeff"
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 PARQUET_BATCH_ROWS = 1024
+JSON_NOT_JSONL = " (a JSON array or indented JSON? JSONL holds one object per line)"
 
 
 @dataclass
@@ -78,10 +79,12 @@ class PromptSource:
         try:
             row = json.loads(text)
         except json.JSONDecodeError as e:
-            return Record(line_no, None, RowError("(line)", f"not valid JSON: {e.msg} at column {e.colno}",
+            hint = JSON_NOT_JSONL if text.strip() in ("[", "{") else ""
+            return Record(line_no, None, RowError("(line)", f"not valid JSON: {e.msg} at column {e.colno}{hint}",
                                                   "not valid JSON"))
         if not isinstance(row, dict):
-            return Record(line_no, None, RowError("(line)", f"must be a JSON object, got {type(row).__name__}",
+            hint = JSON_NOT_JSONL if isinstance(row, list) else ""
+            return Record(line_no, None, RowError("(line)", f"must be a JSON object, got {type(row).__name__}{hint}",
                                                   "not a JSON object"))
         return Record(line_no, row)
 
