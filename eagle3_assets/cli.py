@@ -8,6 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from eagle3_assets.errors import UserInputError
 from eagle3_assets.paths import DataLayout, check_dataset_name, ensure_dagster_home
 
 
@@ -19,25 +20,63 @@ def cmd_inventory(args) -> int:
 
 
 def cmd_add_dataset(args) -> int:
+    """Validate a prompt file in one streaming pass, copy it into the data root, add its partition."""
+    import time
+
+    from eagle3_assets.paths import prompt_file_dataset, prompt_file_suffix
+    from eagle3_assets.prompts.options import ReadOptions, parse_column_map
+    from eagle3_assets.prompts.reader import PromptReader
+
     layout = DataLayout.from_env(args.root)
     src = Path(args.file)
-    name = check_dataset_name(args.name or src.stem)
-    from eagle3_assets.prompts.reader import read_prompt_file
-
-    parsed = read_prompt_file(src, skip_invalid=args.skip_invalid)
-    dst = layout.prompt_source(name)
-    if dst.exists() and not args.force:
-        print(f"{dst} exists; pass --force to replace it", file=sys.stderr)
-        return 2
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst)
+    suffix = prompt_file_suffix(src)
+    if suffix is None:
+        raise UserInputError(f"{src}: a prompt file ends in .jsonl, .jsonl.gz or .parquet")
+    name = check_dataset_name(args.name or prompt_file_dataset(src))
+    options = ReadOptions(columns=parse_column_map(args.map or []), skip_invalid_rows=args.skip_invalid,
+                          final_assistant="drop" if args.drop_final_assistant else "refuse")
+    reader = PromptReader(src, options)
+    last = time.monotonic()
+    for _ in reader:  # validation only: nothing is kept, so a 10 GB file needs no memory
+        if time.monotonic() - last > 10:
+            last = time.monotonic()
+            print(f"  {reader.rows:,} rows read, {reader.skipped:,} bad so far", file=sys.stderr)
+    reader.finish()
+    dst = layout.prompt_file(name, suffix)
+    existing = layout.prompt_sources(name)
+    if existing and not args.force:
+        raise UserInputError(f"{', '.join(map(str, existing))} exists; pass --force to replace it")
+    _install_prompt_file(layout, name, src, dst, options)
     from eagle3_assets.partitions import datasets_partitions
 
     instance = _instance(layout)
     if not instance.has_dynamic_partition(datasets_partitions.name, name):
         instance.add_dynamic_partitions(datasets_partitions.name, [name])
-    print(f"dataset {name!r}: {len(parsed.prompts)} prompts ({len(parsed.skipped)} bad rows) -> {dst}; partition added")
+    if reader.skipped:
+        print("skipped bad rows (the prompts asset skips them too):\n" + reader.log.summary(reader.rows, hint=""),
+              file=sys.stderr)
+    dropped = f", {reader.final_assistant_dropped} final assistant turns dropped" if reader.final_assistant_dropped else ""
+    print(f"dataset {name!r}: {reader.accepted} prompts ({reader.skipped} bad rows skipped{dropped}) -> {dst}; "
+          f"partition added")
     return 0
+
+
+def _install_prompt_file(layout: DataLayout, name: str, src: Path, dst: Path, options) -> None:
+    """Read options first, then the file by an atomic rename (the sensor never sees half a file or a
+    file without its column map); another file of the same dataset goes."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    opts_path = layout.prompt_read_options(name)
+    if options.is_default:
+        opts_path.unlink(missing_ok=True)
+    else:
+        options.save(opts_path)
+    if src.resolve() != dst.resolve():
+        tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    for other in layout.prompt_sources(name):
+        if other != dst:
+            other.unlink()
 
 
 def cmd_demo(args) -> int:
@@ -178,7 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("file")
     p.add_argument("--name", help="dataset name (default: the file's stem)")
     p.add_argument("--skip-invalid", action="store_true", help="accept a file with bad rows (they are skipped)")
-    p.add_argument("--force", action="store_true")
+    p.add_argument("--map", action="append", metavar="KEY=COLUMN",
+                   help="columns that differ: user=instruction+input, system=COL, id=COL, messages=COL, "
+                        "conversations=COL (repeat or comma-separate)")
+    p.add_argument("--drop-final-assistant", action="store_true",
+                   help="a conversation ending with the assistant's reply becomes the prompt for that reply")
+    p.add_argument("--force", action="store_true", help="replace the dataset's prompt file")
     p.set_defaults(fn=cmd_add_dataset)
     p = sub.add_parser("demo", help="materialize the graph for the bundled demo datasets")
     p.add_argument("datasets", nargs="*")
@@ -209,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=3000)
     p.set_defaults(fn=cmd_ui)
     args = parser.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except UserInputError as e:  # the user's to fix: the message, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -13,9 +13,36 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3_assets.errors import UserInputError
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = Path(__file__).resolve().parent / "bundled"  # demo prompts and recipes, shipped in the package
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# A dataset's prompt file, in the order they are preferred; one file per dataset.
+PROMPT_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
+# Columns of the normalized prompt table, which older versions wrote next to the prompt files.
+_LEGACY_TABLE_COLUMNS = ["prompt_id", "messages", "turns", "line"]
+
+
+def prompt_file_suffix(path: Path | str) -> str | None:
+    """The prompt-file suffix of ``path`` (``.jsonl.gz`` counts as one), or None."""
+    name = Path(path).name
+    return next((s for s in PROMPT_SUFFIXES if name.endswith(s) and len(name) > len(s)), None)
+
+
+def prompt_file_dataset(path: Path | str) -> str | None:
+    """The dataset a prompt file names (``my_set.jsonl.gz`` -> ``my_set``), or None."""
+    suffix = prompt_file_suffix(path)
+    return Path(path).name[: -len(suffix)] if suffix else None
+
+
+def _is_legacy_table(path: Path) -> bool:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_schema(path).names == _LEGACY_TABLE_COLUMNS
+    except Exception:  # unreadable: not ours to judge here; the reader reports it
+        return False
 
 
 def default_data_root() -> Path:
@@ -29,7 +56,7 @@ def default_data_root() -> Path:
 
 def check_dataset_name(name: str) -> str:
     if not DATASET_NAME.match(name):
-        raise ValueError(
+        raise UserInputError(
             f"dataset name {name!r} is not usable as a partition key: use letters, digits, '_', '-', '.'"
         )
     return name
@@ -49,11 +76,35 @@ class DataLayout:
     def prompts_dir(self) -> Path:
         return self.root / "prompts"
 
+    def prompt_file(self, dataset: str, suffix: str = ".jsonl") -> Path:
+        """Where a prompt file of ``dataset`` with ``suffix`` lives (whether or not it exists)."""
+        if suffix not in PROMPT_SUFFIXES:
+            raise UserInputError(f"prompt files end in {', '.join(PROMPT_SUFFIXES)}, not {suffix!r}")
+        return self.prompts_dir / f"{dataset}{suffix}"
+
+    def prompt_sources(self, dataset: str) -> list[Path]:
+        """Every prompt file of ``dataset`` on disk (normally one). A normalized table left here by an
+        older version is not a prompt file when the dataset has another."""
+        found = [p for p in (self.prompts_dir / f"{dataset}{s}" for s in PROMPT_SUFFIXES) if p.is_file()]
+        if len(found) > 1:
+            found = [p for p in found if not (p.suffix == ".parquet" and _is_legacy_table(p))]
+        return found
+
     def prompt_source(self, dataset: str) -> Path:
-        return self.prompts_dir / f"{dataset}.jsonl"
+        """The dataset's prompt file; ``prompts/<dataset>.jsonl`` when there is none yet."""
+        found = self.prompt_sources(dataset)
+        if len(found) > 1:
+            raise UserInputError(
+                f"dataset {dataset!r} has {len(found)} prompt files ({', '.join(p.name for p in found)}) "
+                f"in {self.prompts_dir}: keep one")
+        return found[0] if found else self.prompt_file(dataset)
+
+    def prompt_read_options(self, dataset: str) -> Path:
+        """How to read the dataset's prompt file (column map, ...), when it needs saying."""
+        return self.prompts_dir / f"{dataset}.read.json"
 
     def prompt_table(self, dataset: str) -> Path:
-        return self.prompts_dir / f"{dataset}.parquet"
+        return self.prompts_dir / "tables" / f"{dataset}.parquet"
 
     def responses_dir(self, dataset: str) -> Path:
         return self.root / "responses" / dataset
@@ -87,10 +138,11 @@ class DataLayout:
         return self.root / "alerts.jsonl"
 
     def datasets_on_disk(self) -> list[str]:
-        """Dataset names with a prompt file, sorted."""
+        """Dataset names with a prompt file (any of ``PROMPT_SUFFIXES``), sorted."""
         if not self.prompts_dir.is_dir():
             return []
-        return sorted(p.stem for p in self.prompts_dir.glob("*.jsonl") if DATASET_NAME.match(p.stem))
+        names = {prompt_file_dataset(p) for p in self.prompts_dir.iterdir() if p.is_file()}
+        return sorted(n for n in names if n and DATASET_NAME.match(n) and self.prompt_sources(n))
 
 
 WORKSPACE = """load_from:

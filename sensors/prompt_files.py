@@ -1,6 +1,8 @@
-"""Watches ``prompts/*.jsonl``: a new file becomes a dataset partition; its prompts are read and
-its responses generated (local backend, the asset's default config). The CPU stages after them
-follow through their automation conditions."""
+"""Watches ``prompts/``: a new ``<dataset>.jsonl``, ``.jsonl.gz`` or ``.parquet`` becomes a dataset
+partition; its prompts are read (with ``<dataset>.read.json`` when present) and its responses
+generated (local backend, the asset's default config). The CPU stages after them follow through
+their automation conditions. Copy a large file in under another name and rename it, or use
+``eagle3 add-dataset``, so that the sensor never sees half a file."""
 
 
 import dagster as dg
@@ -18,8 +20,8 @@ REQUESTED = [prompts.key, raw_responses.key]
     target=[prompts, raw_responses],
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Adds a dataset partition for each new prompts/<dataset>.jsonl and materializes its prompts "
-    "and raw_responses (local backend).",
+    description="Adds a dataset partition for each new prompts/<dataset>.jsonl, .jsonl.gz or .parquet and "
+    "materializes its prompts and raw_responses (local backend).",
 )
 def prompt_files_sensor(context: dg.SensorEvaluationContext, storage: StorageResource):
     on_disk = storage.layout.datasets_on_disk()

@@ -90,7 +90,8 @@ def test_bad_prompt_file_fails_with_file_and_line_or_skips_when_configured(layou
         failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
         error = failure.event_specific_data.error
         message = error.cause.message if error.cause else error.message
-        assert "broken.jsonl, line 2, field 'messages'" in message
+        assert "broken.jsonl: 1 of 3 rows cannot be used" in message and "line 2, field 'messages'" in message
+        assert error.cls_name == "Failure" and error.cause is None  # the summary itself, no chained traceback cause
         assert not layout.prompt_table("broken").exists()
 
         ok = run_dataset(instance, "broken", selection=["prompts"],

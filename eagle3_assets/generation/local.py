@@ -4,6 +4,10 @@ Resumable by sample id: samples already present in any source are skipped. Each 
 admitted against the token budget (``max_new_tokens`` reserved per sample), generated, and
 appended as whole lines before the next batch starts, so a crash loses at most the batch
 in flight and never duplicates a finished sample.
+
+Batches are formed by length (:func:`length_batches`): prompts are sorted, and a batch closes
+before a prompt whose left padding would waste more than a quarter of the batch's compute, so
+one 40k-token prompt runs alone instead of padding fifteen short ones to 40k tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +22,35 @@ from eagle3_assets.generation.response_store import ResponseStore, now_iso
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
 
 SOURCE = "local"
+MAX_PADDING = 0.25  # padded positions allowed, as a share of the batch's prompt + new-token positions
+MAX_BATCH_TOKENS = 65_536  # rows x (longest prompt + max_new_tokens); a longer single prompt runs alone
+
+
+def length_batches(lengths: list[int], batch_size: int, *, max_new_tokens: int = 0,
+                   max_padding: float = MAX_PADDING, max_batch_tokens: int = MAX_BATCH_TOKENS) -> list[list[int]]:
+    """Indices into ``lengths`` grouped into batches of similar length, shortest first.
+
+    A batch holds at most ``batch_size`` prompts; it closes before a prompt that would make the
+    left padding exceed ``max_padding`` of the positions the batch computes (every row runs to the
+    longest prompt plus ``max_new_tokens``), or make those positions exceed ``max_batch_tokens``.
+    """
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        n = lengths[i]
+        if batch:
+            rows = len(batch) + 1
+            positions = rows * (n + max_new_tokens)  # sorted: the new prompt is the longest
+            padding = rows * n - (real + n)
+            if rows > batch_size or padding > max_padding * positions or positions > max_batch_tokens:
+                batches.append(batch)
+                batch, real = [], 0
+        batch.append(i)
+        real += n
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 @dataclass
@@ -54,46 +87,52 @@ def generate_local(
     if not todo:
         return report
     rendered = [(r, model.render_prompt(r.messages)) for r in todo]
-    rendered.sort(key=lambda x: len(x[1]))  # similar lengths batch with less padding
+    batches = length_batches([len(ids) for _, ids in rendered], batch_size, max_new_tokens=max_new_tokens)
     start = time.perf_counter()
+    started = 0  # samples handed to the model so far
     with store.writer(SOURCE) as writer:
-        for i in range(0, len(rendered), batch_size):
+        for indices in batches:
             batch = []
-            for item in rendered[i : i + batch_size]:
+            for k in indices:
                 if not budget.try_reserve(max_new_tokens):
                     break
-                batch.append(item)
-            if not batch:
-                report.left_by_budget = len(rendered) - i
-                break
-            t0 = time.perf_counter()
-            outs = model.generate(
-                [ids for _, ids in batch], max_new_tokens=max_new_tokens,
-                temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed + i,
-            )
-            latency = time.perf_counter() - t0
-            rows = []
-            for (req, prompt_ids), gen in zip(batch, outs):
-                budget.settle(max_new_tokens, len(gen.output_ids))
-                rows.append({
-                    "sample_id": req.sample_id, "dataset": req.dataset, "prompt_id": req.prompt_id,
-                    "sample_index": req.sample_index, "source": SOURCE, "model": model.name,
-                    "provider": "embedded", "prompt_ids": prompt_ids, "output_ids": gen.output_ids,
-                    "text": gen.text, "reasoning": None, "finish_reason": gen.finish_reason,
-                    "prompt_tokens": len(prompt_ids), "completion_tokens": len(gen.output_ids),
-                    "cost_usd": 0.0, "latency_s": round(latency, 4), "attempts": 1, "created_at": now_iso(),
-                    "flags": [],
-                })
-                report.finish_reasons[gen.finish_reason] += 1
-                report.completion_tokens += len(gen.output_ids)
-                report.prompt_tokens += len(prompt_ids)
-            writer.write_batch(rows)
-            report.new += len(rows)
-            report.seconds = time.perf_counter() - start
-            if progress:
-                progress(report, len(todo))
-            if len(batch) < len(rendered[i : i + batch_size]):
-                report.left_by_budget = len(rendered) - i - len(batch)
+                batch.append(rendered[k])
+            if batch:
+                _generate_batch(model, batch, writer, settings, budget, report, max_new_tokens=max_new_tokens,
+                                seed=settings.seed + started)
+                started += len(batch)
+                report.seconds = time.perf_counter() - start
+                if progress:
+                    progress(report, len(todo))
+            if len(batch) < len(indices):
+                report.left_by_budget = len(rendered) - started
                 break
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _generate_batch(model, batch, writer, settings: SamplingSettings, budget: TokenBudget, report: GenerationReport,
+                    *, max_new_tokens: int, seed: int) -> None:
+    t0 = time.perf_counter()
+    outs = model.generate(
+        [ids for _, ids in batch], max_new_tokens=max_new_tokens,
+        temperature=settings.temperature, top_p=settings.top_p, seed=seed,
+    )
+    latency = time.perf_counter() - t0
+    rows = []
+    for (req, prompt_ids), gen in zip(batch, outs):
+        budget.settle(max_new_tokens, len(gen.output_ids))
+        rows.append({
+            "sample_id": req.sample_id, "dataset": req.dataset, "prompt_id": req.prompt_id,
+            "sample_index": req.sample_index, "source": SOURCE, "model": model.name,
+            "provider": "embedded", "prompt_ids": prompt_ids, "output_ids": gen.output_ids,
+            "text": gen.text, "reasoning": None, "finish_reason": gen.finish_reason,
+            "prompt_tokens": len(prompt_ids), "completion_tokens": len(gen.output_ids),
+            "cost_usd": 0.0, "latency_s": round(latency, 4), "attempts": 1, "created_at": now_iso(),
+            "flags": [],
+        })
+        report.finish_reasons[gen.finish_reason] += 1
+        report.completion_tokens += len(gen.output_ids)
+        report.prompt_tokens += len(prompt_ids)
+    writer.write_batch(rows)
+    report.new += len(rows)

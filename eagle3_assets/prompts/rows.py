@@ -1,0 +1,169 @@
+"""One row of a prompt file to one prompt: OpenAI, ShareGPT or mapped text columns, one shape out.
+
+Every prompt becomes ``(prompt_id, messages)`` with string contents and roles
+``system``/``user``/``assistant``, the last turn the user's. OpenAI content given as a list of
+parts (``[{"type": "text", "text": ...}]``, as the API accepts it) is joined into one string with
+newlines between the parts, the way vLLM flattens text parts, so every backend receives the same
+text; a non-text part (image, audio, file) is refused, since the drafter is trained on text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from eagle3_assets.prompts.options import ColumnMap
+from eagle3_assets.prompts.problems import RowError
+
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "model": "assistant",
+}
+CHAT_ROLES = {"system", "user", "assistant"}
+ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system turn
+TEXT_PART_TYPES = ("text", "input_text")
+PART_SEPARATOR = "\n"
+COLUMN_SEPARATOR = "\n\n"
+
+
+@dataclass
+class Prompt:
+    prompt_id: str
+    messages: list[dict]
+    line: int  # line (JSONL) or row (Parquet) of the prompt file, 1-based
+    prompt_tokens: int | None = None  # rendered with the target's chat template, when measured
+    truncated: bool = False  # the last user turn was shortened to fit the target's context
+    dropped_replies: int = 0  # final assistant turns left out (final_assistant: drop); not stored
+
+
+def content_hash_id(messages: list[dict]) -> str:
+    """Stable id for a row without one: a hash of its canonical messages."""
+    canon = json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return "h" + hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
+
+
+def content_text(content, where: str) -> str:
+    """A message's content as one string: a string, or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RowError(where, f"must be a string or a list of text parts, got {_kind(content)}", "content is not text")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise RowError(f"{where}[{j}]", f"must be a {{type, text}} object, got {_kind(part)}", "content is not text")
+        ptype = part.get("type", "text" if "text" in part else None)
+        if ptype not in TEXT_PART_TYPES:
+            raise RowError(f"{where}[{j}].type", f"a part of type {ptype!r} cannot be used: only text parts "
+                                                 "(type 'text') are read, the drafter learns from text", "non-text content part")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise RowError(f"{where}[{j}].text", f"must be a string, got {_kind(text)}", "content is not text")
+        texts.append(text)
+    return PART_SEPARATOR.join(texts)
+
+
+def _kind(v) -> str:
+    return "nothing" if v is None else type(v).__name__
+
+
+def _turns(raw, where: str, speaker_key: str, text_key: str, shape: str) -> list[dict]:
+    if not isinstance(raw, list) or not raw:
+        raise RowError(where, f"must be a non-empty list of {shape} objects", "no messages")
+    out = []
+    sharegpt = speaker_key == "from"
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise RowError(f"{where}[{i}]", f"must be an object with {shape}", "no messages")
+        # ShareGPT files also come with OpenAI keys inside ``conversations``; take either
+        skey, tkey = (speaker_key, text_key) if speaker_key in m or "role" not in m else ("role", "content")
+        who = m.get(skey)
+        if sharegpt:
+            role = SHAREGPT_ROLES.get(str(who).lower()) if who is not None else None
+            if role is None:
+                raise RowError(f"{where}[{i}].{skey}", f"unknown speaker {who!r} (expected human/gpt/system)",
+                               "unknown role")
+        else:
+            role = ROLE_ALIASES.get(who, who)
+            if role not in CHAT_ROLES:
+                raise RowError(f"{where}[{i}].role", f"unknown role {who!r} (expected one of {sorted(CHAT_ROLES)})",
+                               "unknown role")
+        out.append({"role": role, "content": content_text(m.get(tkey), f"{where}[{i}].{tkey}")})
+    return out
+
+
+def _from_columns(row: dict, cols: ColumnMap) -> tuple[list[dict], str]:
+    texts = []
+    for col in cols.user:
+        if col not in row:
+            raise RowError(col, "missing (the column map names it)", "missing column")
+        value = row[col]
+        if value is not None and not isinstance(value, str):
+            raise RowError(col, f"must be text, got {_kind(value)}", "content is not text")
+        if value and value.strip():
+            texts.append(value)
+    return [{"role": "user", "content": COLUMN_SEPARATOR.join(texts)}], cols.user[-1]
+
+
+def _system_from_column(row: dict, cols: ColumnMap, messages: list[dict]) -> list[dict]:
+    value = row.get(cols.system)
+    if value is not None and not isinstance(value, str):
+        raise RowError(cols.system, f"must be text, got {_kind(value)}", "content is not text")
+    if not value or not value.strip() or messages[0]["role"] == "system":
+        return messages
+    return [{"role": "system", "content": value}, *messages]
+
+
+def parse_row(row: dict, number: int, cols: ColumnMap | None = None, *, drop_final_assistant: bool = False) -> Prompt:
+    """One row as a :class:`Prompt`, or :class:`RowError` naming the field."""
+    cols = cols or ColumnMap()
+    if cols.user:
+        messages, where = _from_columns(row, cols)
+        last_field = where
+    else:
+        if row.get(cols.messages) is not None:
+            where = cols.messages
+            messages = _turns(row[where], where, "role", "content", "'role' and 'content'")
+        elif row.get(cols.conversations) is not None:
+            where = cols.conversations
+            messages = _turns(row[where], where, "from", "value", "'from' and 'value'")
+        else:
+            raise RowError(cols.messages, f"row has neither {cols.messages!r} (OpenAI style) nor {cols.conversations!r} "
+                                          "(ShareGPT); name your columns with --map", "no messages")
+        last_field = None
+    dropped = 0
+    if drop_final_assistant:
+        while messages and messages[-1]["role"] == "assistant":
+            messages, dropped = messages[:-1], dropped + 1
+        if not messages:
+            raise RowError(where, "has no user turn, only the assistant's", "last turn is not the user's")
+    last_field = last_field or f"{where}[{len(messages) - 1}]"
+    if messages[-1]["role"] != "user":
+        got = messages[-1]["role"]
+        hint = ("; to regenerate that reply, read the file with final_assistant: drop (--drop-final-assistant)"
+                if got == "assistant" else "")
+        raise RowError(last_field, f"the last turn must be the user's, got {got!r}{hint}", "last turn is not the user's")
+    if not messages[-1]["content"].strip():
+        raise RowError(last_field, "the last user turn is empty", "empty user turn")
+    if cols.system:
+        messages = _system_from_column(row, cols, messages)
+    return Prompt(prompt_id=_prompt_id(row.get(cols.id), messages, cols.id), messages=messages, line=number,
+                  dropped_replies=dropped)
+
+
+def _prompt_id(pid, messages: list[dict], field: str) -> str:
+    if pid is None:
+        return content_hash_id(messages)
+    if isinstance(pid, float) and pid.is_integer():  # integer ids that went through pandas
+        pid = int(pid)
+    if isinstance(pid, (str, int)) and not isinstance(pid, bool) and str(pid).strip():
+        return str(pid)
+    raise RowError(field, f"must be a non-empty string or integer, got {pid!r}", "bad id")
