@@ -88,6 +88,10 @@ class ShardReader:
     def close(self) -> None:
         self._handles.clear()
 
+    def __getstate__(self) -> dict:
+        # Open shard handles stay with the process that opened them (DataLoader workers open their own).
+        return {**self.__dict__, "_handles": {}}
+
     def __enter__(self):
         return self
 
@@ -113,6 +117,18 @@ class ShardReader:
             "aux_hidden": self._states(h, "aux", start, end),
             "last_hidden": self._states(h, "last", start, end),
         }
+
+    def read_tokens_range(self, shard: str, start: int, end: int) -> tuple:
+        """``input_ids`` and ``loss_mask`` (int64) of tokens ``start:end``, without the states."""
+        import torch
+
+        h = self._open(shard)
+        return (h.get_slice("input_ids")[start:end].to(torch.int64), h.get_slice("loss_mask")[start:end].to(torch.int64))
+
+    def location(self, sample_id: str) -> tuple[str, int, int]:
+        """(shard file, first token, length) of a stored sample."""
+        shard, off, n, _ = self._rows[sample_id]
+        return shard, off, n
 
     def read(self, sample_id: str) -> Sample:
         try:
