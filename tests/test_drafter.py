@@ -7,6 +7,7 @@ same code reads terabytes of shards with a batch of 2048-token rows per rank.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -300,6 +301,24 @@ def test_shard_batches_are_global_batches_for_any_world_size_and_start(shard_dir
     torch.testing.assert_close(first["last_hidden"].float(), features[0]["last_hidden"][:40], atol=0.05, rtol=0.01)
     with pytest.raises(ValueError, match="does not divide among 4 ranks"):
         ShardBatches(mixed, 6, world_size=4)
+
+
+def test_loader_workers_read_the_same_batches(dataset):
+    """GPU ranks read shards in DataLoader workers (their own file handles); the batches are the same."""
+    inline = [b["aux_hidden"] for b in ShardBatches(dataset, 4, seed=2).epoch(0, start=1)]
+    workers = [b["aux_hidden"] for b in ShardBatches(dataset, 4, seed=2, workers=2).epoch(0, start=1)]
+    assert len(inline) == len(workers) == 4
+    assert all(torch.equal(a, b) for a, b in zip(inline, workers))
+
+
+def test_bf16_compute_path_trains(dcfg, target, vmap, dataset, tmp_path):
+    """The GPU recipe (bf16 autocast, bf16 teacher, fp32 master weights), run on CPU for one step."""
+    model = build_drafter(dcfg, target["embed"], vmap, seed=0)
+    teacher = Teacher(target["head"], vmap, dtype=torch.bfloat16)
+    result = train(small_cfg(max_steps=1, warmup_steps=0), model, ShardBatches(dataset, 4), teacher, tmp_path,
+                   compute_dtype=torch.bfloat16, progress=False)
+    assert result.steps == 1 and all(math.isfinite(m["loss"]) and m["positions"][0] > 0 for m in result.metrics)
+    assert model.fc.weight.dtype == torch.float32 and teacher.head.dtype == torch.bfloat16
 
 
 def test_padding_does_not_change_real_positions(dcfg, target, vmap, features):

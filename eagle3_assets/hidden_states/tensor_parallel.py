@@ -40,15 +40,15 @@ def init_tensor_parallel(tp_size: int, *, backend: str | None = None) -> Group:
         raise ValueError(f"this job runs {world} processes but tensor parallelism is {tp_size}: launch it with "
                          f"torchrun --nproc-per-node={tp_size}")
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if world == 1:
-        return Group(0, 1, local, None)
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
+    if "MASTER_ADDR" not in os.environ:  # not launched by torchrun: one process, nothing to join
+        return Group(0, 1, local, None)
     if not dist.is_initialized():
-        dist.init_process_group(backend)
-    return Group(rank, world, local, dist.new_group(backend="gloo"))
+        # Joined here, on torchrun's store: SGLang's ModelRunner then finds the group initialised and
+        # builds its own groups on top instead of opening a second store on MASTER_PORT.
+        dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+    return Group(rank, world, local, dist.new_group(backend="gloo") if world > 1 else None)
 
 
 def _broadcast(group: Group, message: list) -> list:
