@@ -124,6 +124,38 @@ def test_capture_head_replaces_every_logits_processor():
         replace_logits_processors(nn.Linear(2, 2), FakeLogitsProcessor)
 
 
+def test_sglang_capture_drives_the_runner_as_sglang_expects(monkeypatch):
+    """SGLangCapture against stand-ins for the sglang names it imports (0.5.14 signatures)."""
+    from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
+    from tests import fake_sglang
+
+    fake_sglang.install(monkeypatch)
+    cap = SGLangCapture("/models/tiny", layer_ids=[0, 2, 3], tp_rank=1, tp_size=2, gpu_id=1, max_tokens=64,
+                        max_rows=4, server_args={"mem_fraction_static": 0.8})
+    (_, server), (_, runner) = fake_sglang.CALLS
+    assert server["disable_radix_cache"] and server["chunked_prefill_size"] == -1 and server["mem_fraction_static"] == 0.8
+    assert runner == {"tp_rank": 1, "tp_size": 2, "gpu_id": 1}
+    assert cap.runner.setup == ["alloc_memory_pool", "init_attention_backends", "init_cuda_graphs"]
+    assert cap.layers_to_capture == [1, 3, 4]
+
+    rows = [[5, 6, 7], [8, 9], [10]]
+    aux, last = cap.capture(rows)
+    decoder = cap.runner.model.model
+    hidden, states = torch.zeros(0, 8), []
+    for row in rows:  # each row alone, through the same miniature decoder
+        with torch.no_grad():
+            h, a = decoder(torch.tensor(row))
+        hidden, states = torch.cat([hidden, h]), states + [torch.cat(a, -1)]
+    assert aux.shape == (6, 24) and last.shape == (6, 8)
+    torch.testing.assert_close(aux, torch.cat(states), rtol=1e-5, atol=1e-6)  # row-wise kernels may round apart
+    torch.testing.assert_close(last, hidden, rtol=1e-5, atol=1e-6)
+    assert cap.runner.req_to_token_pool.cleared == cap.runner.token_to_kv_pool_allocator.cleared == 1
+    cap.runner.fail_next = True
+    with pytest.raises(RuntimeError, match="out of memory"):
+        cap.capture(rows)
+    assert cap.runner.req_to_token_pool.cleared == 2  # the pools are freed on failure too
+
+
 def test_job_errors_name_the_file_and_field(tmp_path, capsys, monkeypatch):
     bad = tmp_path / "job.json"
     bad.write_text(json.dumps({"model_path": "m", "corpus": "c", "out_dir": "o", "target": {}, "num_layers": 30,
