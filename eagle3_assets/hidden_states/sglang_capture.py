@@ -10,10 +10,11 @@ every token instead of computing logits. A batch is a hand-built ``ScheduleBatch
 ``Req`` objects in extend mode with ``CaptureHiddenMode.FULL``; every rank runs the same
 forward (the tensor-parallel collectives need them all) and gets the same full-width states.
 
-Nothing here can run without a GPU and an SGLang install, so the pure parts
+Nothing here can run without a GPU and an SGLang install: the pure parts
 (:func:`capture_server_args`, :func:`set_capture_layers`, :func:`replace_logits_processors`,
-:class:`CaptureHead`) are tested with stand-in modules, and what stays unproven is listed in
-``UNVERIFIED``.
+:class:`CaptureHead`) are tested with stand-in modules, :class:`SGLangCapture` against
+stand-ins for the SGLang names it imports (0.5.14's signatures), and what stays unproven is
+listed in ``UNVERIFIED``.
 """
 
 from __future__ import annotations
