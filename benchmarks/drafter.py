@@ -2,15 +2,17 @@
 
 Builds training features with the embedded target (greedy responses to the demo prompts),
 writes them as hidden-state shards once (1x) and eight times over (8x, distinct sample
-ids), and trains the recipe's drafter for the same number of steps on each, every run in a
-fresh process so its peak RSS is its own:
+ids; the 1x corpus itself repeats the generated samples ``--base-copies`` times), and trains
+the recipe's drafter for the same number of steps on each, every run in a fresh process so
+its peak RSS is its own:
 
 - ``stream``: the trainer as the asset runs it (``run_job``: shards read per batch);
 - ``memory`` (the yardstick): every sample of the mixture copied into RAM first, as the
   trainer did before it streamed.
 
-It prints peak RSS (``ru_maxrss``) and training tokens/s per run and the 8x/1x ratios
-(target: streaming peak RSS within 10%), then the acceptance length (SGLang convention:
+It prints peak RSS (``ru_maxrss``), the largest RSS seen after a training step, the bytes of
+samples the dataset keeps, and training tokens/s per run, with the 8x/1x ratios (target:
+streaming peak RSS within 10%), then the acceptance length (SGLang convention:
 accepted + 1 per verification) of the 1x streaming drafter against an untrained one of the
 same shape on held-out prompts, both checked against plain greedy decoding.
 
@@ -69,6 +71,17 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def rss_mib() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def held_bytes(dataset) -> int:
+    """Bytes of sample tensors the dataset object keeps between batches."""
+    items = getattr(dataset, "items", [])
+    return sum(t.numel() * t.element_size() for item in items for t in item.values())
+
+
 def train_once(job_path: Path, mode: str) -> dict:
     """One measured run in this process: ``stream`` (run_job) or ``memory`` (the yardstick)."""
     from torch.utils.data import Dataset
@@ -96,9 +109,19 @@ def train_once(job_path: Path, mode: str) -> dict:
                 return self.items[i]
 
         job_mod.ShardDataset = InMemory
+    made = []
+    real_batches = job_mod.ShardBatches
+
+    def batches(dataset, *a, **kw):
+        made.append(dataset)
+        return real_batches(dataset, *a, **kw)
+
+    job_mod.ShardBatches = batches
+    step_rss = []
     t0 = time.perf_counter()
-    summary = job_mod.run_job(job)
+    summary = job_mod.run_job(job, on_metrics=lambda m: step_rss.append(rss_mib()))
     return {"mode": mode, "peak_rss_mib": peak_rss_mib(), "tokens_per_s": summary["tokens_per_s"],
+            "train_rss_mib": max(step_rss), "held_mib": held_bytes(made[0]) / 2**20,
             "steps": summary["steps"], "wall_s": time.perf_counter() - t0, "samples": summary["train_samples_per_epoch"],
             "data_share": summary["data_share"], "sglang_dir": summary.get("sglang_dir")}
 
@@ -119,6 +142,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core box)")
     ap.add_argument("--steps", type=int, default=40, help="optimizer steps of every measured run")
     ap.add_argument("--scale", type=int, default=8, help="the large corpus is this many copies of the small one")
+    ap.add_argument("--base-copies", type=int, default=4, help="the 1x corpus repeats the generated samples this often")
     ap.add_argument("--train-once", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="stream", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -149,7 +173,7 @@ def main() -> None:
         root = Path(tmp)
         runs = {}
         for copies in (1, args.scale):
-            dirs = write_corpus(root, feats, layer_ids, copies)
+            dirs = write_corpus(root, feats, layer_ids, copies * args.base_copies)
             for mode in ("stream", "memory"):
                 job = TrainJob(target_dir=str(model_dir), out_dir=str(root / f"out-{copies}-{mode}"), datasets=dirs,
                                training=recipe.training.model_copy(update={"max_steps": args.steps, "epochs": None,
@@ -159,20 +183,23 @@ def main() -> None:
                 runs[copies, mode] = measured(job.write(root / f"job-{copies}-{mode}.json"), mode)
 
         print(f"recipe {recipe.name}: {args.per_dataset} greedy responses per dataset ({', '.join(datasets)}), "
-              f"{tokens} tokens at 1x; data {t_data:.1f}s; torch threads {args.threads}; {args.steps} steps per run, "
+              f"repeated {args.base_copies}x: {tokens * args.base_copies} tokens at 1x; data {t_data:.1f}s; "
+              f"torch threads {args.threads}; {args.steps} steps per run, "
               f"batch {recipe.training.batch_size}, ttt_steps {recipe.training.ttt_steps}")
-        print(f"{'trainer':>24} {'corpus':>7} {'samples':>8} {'peak RSS MiB':>13} {'tokens/s':>9} {'data share':>11}")
+        print(f"{'trainer':>24} {'corpus':>7} {'samples':>8} {'peak RSS MiB':>13} {'max RSS in steps':>17} "
+              f"{'samples held MiB':>17} {'tokens/s':>9} {'data share':>11}")
         for (copies, mode), r in runs.items():
             name = "streaming shards" if mode == "stream" else "in memory (yardstick)"
-            print(f"{name:>24} {copies:>6}x {r['samples']:>8} {r['peak_rss_mib']:>13.0f} {r['tokens_per_s']:>9.0f} "
-                  f"{100 * r['data_share']:>10.1f}%")
+            print(f"{name:>24} {copies:>6}x {r['samples']:>8} {r['peak_rss_mib']:>13.0f} {r['train_rss_mib']:>17.0f} "
+                  f"{r['held_mib']:>17.0f} {r['tokens_per_s']:>9.0f} {100 * r['data_share']:>10.1f}%")
         for mode in ("stream", "memory"):
             a, b = runs[1, mode], runs[args.scale, mode]
-            print(f"{mode}: peak RSS {args.scale}x/1x = {b['peak_rss_mib'] / a['peak_rss_mib']:.3f}, "
-                  f"tokens/s {args.scale}x/1x = {b['tokens_per_s'] / a['tokens_per_s']:.3f}")
+            print(f"{mode}: {args.scale}x/1x peak RSS = {b['peak_rss_mib'] / a['peak_rss_mib']:.3f}, "
+                  f"max RSS in steps = {b['train_rss_mib'] / a['train_rss_mib']:.3f}, "
+                  f"tokens/s = {b['tokens_per_s'] / a['tokens_per_s']:.3f}")
         s8, m8 = runs[args.scale, "stream"], runs[args.scale, "memory"]
-        print(f"at {args.scale}x: streaming peak RSS / in-memory = {s8['peak_rss_mib'] / m8['peak_rss_mib']:.3f}, "
-              f"tokens/s streaming / in-memory = {s8['tokens_per_s'] / m8['tokens_per_s']:.3f}")
+        print(f"at {args.scale}x, streaming / in-memory: peak RSS {s8['peak_rss_mib'] / m8['peak_rss_mib']:.3f}, "
+              f"tokens/s {s8['tokens_per_s'] / m8['tokens_per_s']:.3f}")
 
         from eagle3_assets.drafter.export import load_sglang
         from eagle3_assets.drafter.model import read_target_embeddings

@@ -321,6 +321,25 @@ def test_bf16_compute_path_trains(dcfg, target, vmap, dataset, tmp_path):
     assert model.fc.weight.dtype == torch.float32 and teacher.head.dtype == torch.bfloat16
 
 
+def test_training_refuses_layers_the_shards_do_not_hold_and_bad_job_files(model_dir, dataset, tmp_path, capsys):
+    from eagle3_assets.drafter.training.__main__ import main
+    from eagle3_assets.drafter.training.config import DraftShape, TrainJob
+    from eagle3_assets.drafter.training.job import drafter_config
+
+    job = TrainJob(target_dir=str(model_dir), out_dir=str(tmp_path), datasets={"unused": 1.0}, training=small_cfg(),
+                   shape=DraftShape(draft_vocab_size=DRAFT_VOCAB, aux_layer_ids=[2, 14, 26]))
+    with pytest.raises(ValueError, match=r"asks for aux layers \[2, 14, 26\] but the hidden states hold \[1, 14, 26\]"):
+        drafter_config(job, dataset)
+    default = job.model_copy(update={"shape": DraftShape(draft_vocab_size=DRAFT_VOCAB)})
+    assert drafter_config(default, dataset).aux_layer_ids == LAYER_IDS  # read from the manifest
+    raw = json.loads(job.model_dump_json())
+    raw["training"]["lr"] = "fast"
+    bad = tmp_path / "job.json"
+    bad.write_text(json.dumps(raw))
+    assert main(["--config", str(bad)]) == 2
+    assert f"{bad}: field 'training.lr'" in capsys.readouterr().err
+
+
 def test_padding_does_not_change_real_positions(dcfg, target, vmap, features):
     """Fused attention on a right-padded batch gives each sample its own unpadded result."""
     model = build_drafter(dcfg, target["embed"], vmap, seed=5).eval()
