@@ -8,7 +8,10 @@ its peak RSS is its own:
 
 - ``stream``: the trainer as the asset runs it (``run_job``: shards read per batch);
 - ``memory`` (the yardstick): every sample of the mixture copied into RAM first, as the
-  trainer did before it streamed.
+  trainer did before it streamed;
+
+and it reads every sample of each corpus once, through the trainer's ``pread`` reader and
+through safetensors' memory-mapped views, reporting how much the process grows with each.
 
 It prints peak RSS (``ru_maxrss``), the largest RSS seen after a training step, the bytes of
 samples the dataset keeps, and training tokens/s per run, with the 8x/1x ratios (target:
@@ -126,6 +129,29 @@ def train_once(job_path: Path, mode: str) -> dict:
             "data_share": summary["data_share"], "sglang_dir": summary.get("sglang_dir")}
 
 
+def scan_once(job_path: Path, mode: str) -> dict:
+    """Read every training sample once (``pread``: the trainer's reader; ``mmap``: safetensors
+    views, the reader before) and report how much the process grew."""
+    from safetensors import safe_open
+
+    from eagle3_assets.drafter.training.data import ShardDataset
+
+    job = TrainJob.from_json(job_path)
+    dataset = ShardDataset(job.datasets, max_length=job.training.max_length)
+    before, total = rss_mib(), 0
+    if mode == "pread":
+        for i in range(len(dataset)):
+            total += int(dataset[i]["aux_hidden"].float().sum().isfinite())
+    else:
+        handles = []
+        for reader in dataset.readers:
+            for shard in sorted({reader.location(s)[0] for s in reader.sample_ids()}):
+                h = safe_open(str(reader.dir / shard), framework="pt")
+                handles.append(h)
+                total += int(h.get_slice("aux_hidden")[:].float().sum().isfinite())
+    return {"mode": mode, "grew_mib": rss_mib() - before, "samples": len(dataset)}
+
+
 def measured(job_path: Path, mode: str) -> dict:
     res = subprocess.run([sys.executable, __file__, "--train-once", str(job_path), "--mode", mode],
                          capture_output=True, text=True, cwd=REPO_ROOT)
@@ -147,7 +173,8 @@ def main() -> None:
     ap.add_argument("--mode", default="stream", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.train_once:
-        print(json.dumps(train_once(args.train_once, args.mode)))
+        scan = args.mode in ("pread", "mmap")
+        print(json.dumps(scan_once(args.train_once, args.mode) if scan else train_once(args.train_once, args.mode)))
         return
     torch.set_num_threads(args.threads)
 
@@ -181,6 +208,8 @@ def main() -> None:
                                shape=recipe.shape, runtime=RuntimeSettings(threads=args.threads, progress=False),
                                export=ExportSettings(vllm=False) if (copies, mode) == (1, "stream") else None)
                 runs[copies, mode] = measured(job.write(root / f"job-{copies}-{mode}.json"), mode)
+            scans = {m: measured(root / f"job-{copies}-stream.json", m) for m in ("pread", "mmap")}
+            runs[copies, "stream"]["scan"] = scans
 
         print(f"recipe {recipe.name}: {args.per_dataset} greedy responses per dataset ({', '.join(datasets)}), "
               f"repeated {args.base_copies}x: {tokens * args.base_copies} tokens at 1x; data {t_data:.1f}s; "
@@ -197,6 +226,11 @@ def main() -> None:
             print(f"{mode}: {args.scale}x/1x peak RSS = {b['peak_rss_mib'] / a['peak_rss_mib']:.3f}, "
                   f"max RSS in steps = {b['train_rss_mib'] / a['train_rss_mib']:.3f}, "
                   f"tokens/s = {b['tokens_per_s'] / a['tokens_per_s']:.3f}")
+        for copies in (1, args.scale):
+            sc = runs[copies, "stream"]["scan"]
+            print(f"reading all {sc['pread']['samples']} samples of the {copies}x corpus once: the process grows "
+                  f"{sc['pread']['grew_mib']:.0f} MiB with the trainer's pread reader, "
+                  f"{sc['mmap']['grew_mib']:.0f} MiB through safetensors memory-mapped views")
         s8, m8 = runs[args.scale, "stream"], runs[args.scale, "memory"]
         print(f"at {args.scale}x, streaming / in-memory: peak RSS {s8['peak_rss_mib'] / m8['peak_rss_mib']:.3f}, "
               f"tokens/s {s8['tokens_per_s'] / m8['tokens_per_s']:.3f}")
