@@ -1,8 +1,9 @@
 """Training-time-test attention: the fused ``scaled_dot_product_attention`` path the drafter
 uses against the explicit softmax it replaced (scores materialised, masked, softmaxed), on the
-same inputs: forward + backward time per TTT unroll, the largest output difference, and the
-ratio. CPU figures on the demo drafter's head shape unless ``--heads``/``--head-dim`` say
-otherwise; on a GPU the fused path is the memory-efficient/flash kernel.
+same inputs: forward + backward time per TTT unroll, the bytes autograd keeps for the backward
+pass, the largest output difference, and the ratios. CPU figures on the demo drafter's head
+shape unless ``--heads``/``--head-dim`` say otherwise; on a GPU the fused path is the
+memory-efficient kernel.
 
 Run: ``.venv/bin/python benchmarks/ttt_attention.py [--tokens 1024] [--steps 7]``
 """
@@ -38,6 +39,21 @@ def fused(qs, ks, vs, scale):
     return [ctx.attend(q, k, v, scale) for q, k, v in zip(qs, ks, vs)]
 
 
+def saved_bytes(fn, qs, ks, vs, scale) -> int:
+    """Bytes autograd keeps for the backward pass of one unroll (inputs q/k/v excluded)."""
+    inputs = {x.data_ptr() for x in (*qs, *ks, *vs)}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if t.data_ptr() not in inputs:
+            seen[t.data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(qs, ks, vs, scale)
+    return sum(seen.values())
+
+
 def timed(fn, qs, ks, vs, scale, repeats):
     best = math.inf
     for _ in range(repeats):
@@ -68,10 +84,13 @@ def main():
     t_ref, ref = timed(explicit, qs, ks, vs, scale, args.repeats)
     t_new, new = timed(fused, qs, ks, vs, scale, args.repeats)
     diff = max(float((a - b).abs().max()) for a, b in zip(ref, new))
+    m_ref, m_new = saved_bytes(explicit, qs, ks, vs, scale), saved_bytes(fused, qs, ks, vs, scale)
     print(f"TTT attention, {args.steps} steps, batch {args.batch}, {args.tokens} tokens, {args.heads} heads x "
           f"{args.head_dim}, torch threads {args.threads}: forward+backward per unroll")
-    print(f"  explicit softmax (yardstick) {t_ref * 1000:8.1f} ms")
-    print(f"  scaled_dot_product_attention {t_new * 1000:8.1f} ms   ratio {t_ref / t_new:.2f}x, max |diff| {diff:.2e}")
+    print(f"  explicit softmax (yardstick) {t_ref * 1000:8.1f} ms, {m_ref / 2**20:8.1f} MiB kept for backward")
+    print(f"  scaled_dot_product_attention {t_new * 1000:8.1f} ms, {m_new / 2**20:8.1f} MiB kept for backward")
+    print(f"  time ratio (yardstick / fused) {t_ref / t_new:.2f}x, memory ratio {m_ref / max(1, m_new):.1f}x, "
+          f"max |diff| {diff:.2e}")
 
 
 if __name__ == "__main__":
