@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM := false
 
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test ui validate bench clean
+.PHONY: setup demo test lint ui validate bench clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,8 +32,11 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/eagle3 demo
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
 
 ui: setup
 	$(BIN)/eagle3 ui --port $(PORT)

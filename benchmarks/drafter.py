@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 from eagle3_assets.drafter.recipes import load_recipe  # noqa: E402
 from eagle3_assets.drafter.training.config import ExportSettings, RuntimeSettings, TrainJob  # noqa: E402
-from eagle3_assets.paths import REPO_ROOT, DataLayout  # noqa: E402
+from eagle3_assets.paths import BUNDLED, REPO_ROOT, DataLayout  # noqa: E402
 
 
 def generated_data(model, datasets: list[str], per_dataset: int, eval_per_dataset: int, max_new_tokens: int):
@@ -48,7 +48,7 @@ def generated_data(model, datasets: list[str], per_dataset: int, eval_per_datase
 
     train, held_out = {}, []
     for name in datasets:
-        path = REPO_ROOT / "demo" / "prompts" / f"{name}.jsonl"
+        path = BUNDLED / "demo_prompts" / f"{name}.jsonl"
         prompts = [model.render_prompt(p.messages) for p in read_prompt_file(path).prompts]
         fit, rest = prompts[:per_dataset], prompts[per_dataset:]
         held_out += rest[:eval_per_dataset]

@@ -2,7 +2,7 @@
 
 - bare target forward (base model, no capture, same dtype, same padded batches) vs the full
   extraction (hooks, finiteness check, shard writing, index, manifest): tokens/s and ratio
-  (DESIGN section 6 target: >= 0.90);
+  (target: >= 0.90);
 - bytes on disk per token vs the tensor payload, bf16 and fp8 (target: <= 1.01);
 - reader throughput (padded batches, tokens/s).
 

@@ -18,7 +18,7 @@ from eagle3_assets.generation.budget import TokenBudget  # noqa: E402
 from eagle3_assets.generation.local import generate_local  # noqa: E402
 from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
 from eagle3_assets.generation.samples import SamplingSettings, plan_samples  # noqa: E402
-from eagle3_assets.paths import REPO_ROOT, DataLayout  # noqa: E402
+from eagle3_assets.paths import BUNDLED, DataLayout  # noqa: E402
 from eagle3_assets.prompts.reader import read_prompt_file  # noqa: E402
 from eagle3_assets.target.embedded import EmbeddedModel, ensure_default_model  # noqa: E402
 
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     args = ap.parse_args()
     model = EmbeddedModel(ensure_default_model(DataLayout.from_env().models_dir))
-    prompts = read_prompt_file(REPO_ROOT / "demo" / "prompts" / "general.jsonl").prompts[: args.prompts]
+    prompts = read_prompt_file(BUNDLED / "demo_prompts" / "general.jsonl").prompts[: args.prompts]
     ids = [model.render_prompt(p.messages) for p in prompts]
     n = args.max_new_tokens
 

@@ -156,12 +156,12 @@ def cmd_paths(args) -> int:
 
 def cmd_ui(args) -> int:
     """The Dagster webserver and daemon on 127.0.0.1 against the project's instance."""
-    from eagle3_assets.paths import REPO_ROOT
+    from eagle3_assets.paths import write_workspace
 
     layout = DataLayout.from_env(args.root)
     env = dict(os.environ, DAGSTER_HOME=str(ensure_dagster_home(layout)), EAGLE3_HOME=str(layout.root))
     _instance(layout)  # explicit pool limits before the daemon starts
-    cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
+    cmd = [sys.executable, "-m", "dagster", "dev", "-w", str(write_workspace(layout)),
            "-h", "127.0.0.1", "-p", str(args.port)]
     print(f"Dagster UI on http://127.0.0.1:{args.port} (instance {env['DAGSTER_HOME']}); Ctrl-C stops it.")
     os.execve(cmd[0], cmd, env)

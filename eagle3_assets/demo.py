@@ -7,9 +7,9 @@ import shutil
 import time
 
 from eagle3_assets.launch import materialize_selection, report_result
-from eagle3_assets.paths import REPO_ROOT, DataLayout, ensure_dagster_home
+from eagle3_assets.paths import BUNDLED, DataLayout, ensure_dagster_home
 
-DEMO_PROMPTS = REPO_ROOT / "demo" / "prompts"
+DEMO_PROMPTS = BUNDLED / "demo_prompts"
 
 # Sized for a 2-core CPU: 96 prompts x up to 128 new tokens at ~100 tokens/s in batches of 16.
 HIDDEN_RUN_CONFIG = {"ops": {"hidden_states": {"config": {}}}, "loggers": {"console": {"config": {"log_level": "INFO"}}}}

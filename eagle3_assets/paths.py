@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = Path(__file__).resolve().parent / "bundled"  # demo prompts and recipes, shipped in the package
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -36,7 +37,7 @@ def check_dataset_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class DataLayout:
-    """Paths of DESIGN section 3, one method per kind of file."""
+    """Every file of the graph under the data root, one method per kind of file."""
 
     root: Path
 
@@ -90,6 +91,22 @@ class DataLayout:
         if not self.prompts_dir.is_dir():
             return []
         return sorted(p.stem for p in self.prompts_dir.glob("*.jsonl") if DATASET_NAME.match(p.stem))
+
+
+WORKSPACE = """load_from:
+  - python_module:
+      module_name: eagle3_assets.definitions
+      location_name: eagle3_assets
+"""
+
+
+def write_workspace(layout: DataLayout) -> Path:
+    """The workspace file ``eagle3 ui`` serves, in the Dagster home: it names the installed package,
+    so it works from any directory and from a non-editable install (``workspace.yaml`` at the
+    repository root says the same for ``dagster dev`` run in a checkout)."""
+    path = ensure_dagster_home(layout) / "workspace.yaml"
+    path.write_text(WORKSPACE)
+    return path
 
 
 def ensure_dagster_home(layout: DataLayout) -> Path:

@@ -42,7 +42,7 @@ from eagle3_assets.drafter.vocab_map import (
     load_or_build_vocab_map,
 )
 from eagle3_assets.hidden_states.write import write_samples
-from eagle3_assets.paths import REPO_ROOT
+from eagle3_assets.paths import BUNDLED, REPO_ROOT
 
 pytestmark = pytest.mark.model
 
@@ -190,7 +190,7 @@ def test_recipes_load_and_errors_name_file_and_field(tmp_path):
     assert demo.name == "demo" and set(demo.datasets) == {"general", "coding", "math"}
     assert demo.training.epochs and demo.training.max_steps is None
     assert demo.training.ttt_steps >= demo.evaluation.speculative_k
-    good = (REPO_ROOT / "recipes" / "demo.toml").read_text()
+    good = (BUNDLED / "recipes" / "demo.toml").read_text()
     cases = {
         "typo": ("lr = 1e-3\n" + good, "field 'lr'"),  # duplicate key: TOML itself refuses
         "unknown": ("lrate = 1.0\n" + good, "field 'lrate': unknown field"),

@@ -37,7 +37,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for_location(server: DagsterWebserver, proc, timeout: float = 180) -> None:
+def _wait_for_location(server: DagsterWebserver, proc, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     query = """{ workspaceOrError { __typename ... on Workspace { locationEntries { name
                  locationOrLoadError { __typename } } } } }"""
@@ -105,7 +105,7 @@ def backfill(ui):
         server.add_partition(name)
         write_jsonl(layout.prompt_source(name), small_prompts(3, prefix=f"{name}-"))
     backfill_id = server.launch_backfill(DATASETS, ASSETS, RUN_CONFIG, title="ui test")
-    return server.wait_for_backfill(backfill_id, timeout=240, poll=1.0)
+    return server.wait_for_backfill(backfill_id, timeout=900, poll=1.0)  # ~60 s on an idle 2-core box
 
 
 def _step_window(instance, run_id: str, step: str) -> tuple[float, float]:

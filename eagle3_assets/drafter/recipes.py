@@ -1,4 +1,4 @@
-"""Drafter training recipes: one TOML file per recipe under ``recipes/``.
+"""Drafter training recipes: one TOML file per recipe, bundled or under ``<data root>/recipes/``.
 
 A recipe names the datasets it trains on (with mixing weights) and, as flat keys, the
 drafter's shape, the training settings and the evaluation settings; each key belongs to one
@@ -23,7 +23,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from eagle3_assets.drafter.training.config import DraftShape, EvalSettings, TrainSettings
-from eagle3_assets.paths import DATASET_NAME, REPO_ROOT
+from eagle3_assets.paths import BUNDLED, DATASET_NAME, DataLayout
 
 SECTIONS = {"shape": DraftShape, "training": TrainSettings, "evaluation": EvalSettings}
 RECIPE_KEYS = ("datasets", "description", "name")
@@ -118,10 +118,19 @@ def recipe_from_table(source: str, name: str, raw: dict) -> Recipe:
 # ----------------------------------------------------------------------------- files and registry
 
 
+BUNDLED_RECIPES = BUNDLED / "recipes"
+
+
 def recipes_dir() -> Path:
-    """``$EAGLE3_RECIPES`` when set, else ``recipes/`` at the repository root."""
+    """The user's recipes: ``$EAGLE3_RECIPES`` when set, else ``recipes/`` under the data root."""
     env = os.environ.get("EAGLE3_RECIPES")
-    return Path(env).expanduser() if env else REPO_ROOT / "recipes"
+    return Path(env).expanduser() if env else DataLayout.from_env().root / "recipes"
+
+
+def _recipe_dirs(directory: Path | None) -> list[Path]:
+    """Where recipes are looked up, first match wins: the given directory alone, else the user's
+    directory, then the recipes bundled with the package (``demo``)."""
+    return [Path(directory)] if directory else [recipes_dir(), BUNDLED_RECIPES]
 
 
 def parse_recipe(path: Path) -> Recipe:
@@ -142,14 +151,13 @@ def parse_recipe(path: Path) -> Recipe:
 
 def list_recipes(directory: Path | None = None) -> list[str]:
     """Names of the recipe files (valid or not), sorted."""
-    d = Path(directory) if directory else recipes_dir()
-    return sorted(p.stem for p in d.glob("*.toml")) if d.is_dir() else []
+    return sorted({p.stem for d in _recipe_dirs(directory) if d.is_dir() for p in d.glob("*.toml")})
 
 
 def load_recipe(name: str, directory: Path | None = None) -> Recipe:
-    d = Path(directory) if directory else recipes_dir()
-    path = d / f"{name}.toml"
-    if not path.exists():
-        known = ", ".join(list_recipes(d)) or "none"
-        raise RecipeError(f"{path}: no recipe named {name!r} (known: {known})")
-    return parse_recipe(path)
+    dirs = _recipe_dirs(directory)
+    for d in dirs:
+        if (d / f"{name}.toml").exists():
+            return parse_recipe(d / f"{name}.toml")
+    known = ", ".join(list_recipes(directory)) or "none"
+    raise RecipeError(f"{dirs[0] / f'{name}.toml'}: no recipe named {name!r} (known: {known})")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 SOURCES = ("local", "sglang", "openrouter")
 
-# The row contract of DESIGN section 5; writers fill every key.
+# The response row contract (the README's "The graph"); writers fill every key.
 RESPONSE_FIELDS = (
     "sample_id", "dataset", "prompt_id", "sample_index", "source", "model", "provider",
     "prompt_ids", "output_ids", "text", "reasoning", "finish_reason",
