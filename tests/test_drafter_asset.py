@@ -33,4 +33,4 @@ def test_demo_recipe_trains_through_pipes_and_is_measured(layout, model_dir):
         assert meta["acceptance_length"].value == ev["trained"]["acceptance_length"] >= 1.0
         assert meta["untrained_acceptance_length"].value == ev["untrained"]["acceptance_length"]
         check = checks_by_name(result)["drafter_acceptance"]
-        assert check.passed == (ev["trained"]["acceptance_length"] >= recipe.acceptance_floor)
+        assert check.passed == (ev["trained"]["acceptance_length"] >= recipe.evaluation.acceptance_floor)

@@ -9,16 +9,7 @@ import torch
 from eagle3_assets.hidden_states import layers as hidden_layers
 from eagle3_assets.hidden_states import shards
 from eagle3_assets.hidden_states.extract import extract_corpus, plan_batches, verify_shards
-from eagle3_assets.hidden_states.extractors import (
-    Features,
-    LocalExtractor,
-    SGLangExtractor,
-    build_requests,
-    engine_kwargs,
-    features_from_engine_output,
-    features_from_packed,
-    split_packed,
-)
+from eagle3_assets.hidden_states.extractors import Features, LocalExtractor, features_from_packed, split_packed
 from eagle3_assets.hidden_states.reader import ShardReader
 
 pytestmark = pytest.mark.model
@@ -306,22 +297,9 @@ def test_fp8_error_bound_and_size(extractor, tmp_path):
         assert bool(((y - x).abs().amax(dim=-1) <= amax / 16 + amax / 128).all())
 
 
-# ---- SGLang pure parts --------------------------------------------------------------------------
+# ---- packed captures (SGLang's shape) -----------------------------------------------------------
 
-def test_sglang_requests_and_engine_args():
-    req = build_requests([[5, 6, 7], [8]], rids=["a", "b"])
-    assert req["input_ids"] == [[5, 6, 7], [8]] and req["rid"] == ["a", "b"] and req["return_hidden_states"]
-    assert req["sampling_params"] == [{"max_new_tokens": 1, "temperature": 0.0}] * 2
-    with pytest.raises(ValueError, match="row 1 is empty"):
-        build_requests([[1], []])
-    with pytest.raises(ValueError, match="unique"):
-        build_requests([[1], [2]], rids=["a", "a"])
-    kw = engine_kwargs("/models/kimi", tp_size=8, trust_remote_code=True)
-    assert kw["disable_radix_cache"] and kw["chunked_prefill_size"] == -1 and kw["enable_return_hidden_states"]
-    assert kw["tp_size"] == 8 and kw["skip_tokenizer_init"]
-
-
-def test_sglang_row_splitting_and_validation():
+def test_packed_capture_row_splitting_and_validation():
     h = 4
     packed_aux = torch.arange(5 * 3 * h, dtype=torch.float32).view(5, 3 * h)
     packed_last = torch.arange(5 * h, dtype=torch.float32).view(5, h)
@@ -333,45 +311,3 @@ def test_sglang_row_splitting_and_validation():
         split_packed(packed_last, [2, 4])
     with pytest.raises(ValueError, match="aux states"):
         features_from_packed(packed_aux[:, :8], packed_last, [2, 3], h)
-    full = torch.randn(3, 4 * h)
-    f = features_from_engine_output({"meta_info": {"hidden_states": [full.tolist()]}}, 3, h)
-    assert torch.allclose(f.aux, full[:, : 3 * h]) and torch.allclose(f.last, full[:, 3 * h:])
-    with pytest.raises(ValueError, match="not the final"):
-        features_from_engine_output({"meta_info": {"hidden_states": [torch.randn(3, 3 * h)]}}, 3, h)
-    with pytest.raises(ValueError, match="only the final"):
-        features_from_engine_output({"meta_info": {"hidden_states": [torch.randn(3, h)]}}, 3, h)
-    with pytest.raises(ValueError, match="2 of 3 prompt tokens"):
-        features_from_engine_output({"meta_info": {"hidden_states": [torch.randn(2, 4 * h)]}}, 3, h)
-    with pytest.raises(ValueError, match="no hidden states"):
-        features_from_engine_output({"meta_info": {}}, 3, h)
-
-
-def test_sglang_extractor_with_packed_backend_and_fake_engine(extractor, tmp_path):
-    """The SGLang orchestration end to end, with the packed capture done by the local model."""
-
-    def capture(rows):
-        feats = extractor.extract(rows)
-        return torch.cat([f.aux for f in feats]), torch.cat([f.last for f in feats])
-
-    sg = SGLangExtractor("unused", hidden_size=H, num_layers=30, backend=capture, vocab_size=49152,
-                         target=extractor.describe()["target"])
-    assert sg.layer_ids == [1, 14, 26]
-    corpus = make_corpus(tmp_path / "corpus.parquet", lengths=[12, 9, 15])
-    extract_corpus(corpus, tmp_path / "hs", sg)
-    assert verify_shards(tmp_path / "hs", corpus).ok
-
-    class FakeEngine:
-        def generate(self, input_ids, sampling_params, return_hidden_states, rid=None):
-            out = []
-            for f in extractor.extract(input_ids):
-                out.append({"meta_info": {"hidden_states": [torch.cat([f.aux, f.last], -1).tolist()]}})
-            return out
-
-    eng = SGLangExtractor("unused", hidden_size=H, num_layers=30)
-    eng._engine = FakeEngine()
-    rows = [[5, 6, 7, 8], [9, 10]]
-    got, want = eng.extract(rows), extractor.extract(rows)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g.aux, w.aux)
-        torch.testing.assert_close(g.last, w.last)
-    assert isinstance(got[0], Features)

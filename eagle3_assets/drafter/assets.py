@@ -7,10 +7,8 @@ asset then measures acceptance length by real chain speculative decoding on held
 
 import base64
 import json
-import math
 import os
 import sys
-from dataclasses import asdict
 
 import dagster as dg
 
@@ -27,6 +25,8 @@ class DrafterTrainingConfig(dg.Config):
     nproc_per_node: int = 1  # >1 launches torchrun with DDP (gloo on CPU, nccl on GPU)
     threads: int = 0  # torch threads per process (0: torch's default)
     device: str = "auto"
+    dtype: str = "auto"  # compute dtype: auto is bf16 autocast on GPU, fp32 on CPU
+    loader_workers: int = -1  # DataLoader workers per rank reading shards (-1: 2 on GPU, 0 on CPU)
     resume: bool = True
 
 
@@ -40,7 +40,7 @@ class DrafterTrainingConfig(dg.Config):
 )
 def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainingConfig, storage: StorageResource,
                        target: TargetResource) -> dg.MaterializeResult:
-    from eagle3_assets.drafter.train import TrainConfig
+    from eagle3_assets.drafter.training.config import ExportSettings, RuntimeSettings, TrainJob
 
     recipe = load_recipe(context.partition_key)
     layout = storage.layout
@@ -49,26 +49,22 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     spec = target.spec()
     sizes = train_split_sizes(layout, recipe.datasets, spec)
     samples = sum(w * sizes[d] for d, w in recipe.datasets.items())
-    train = TrainConfig.from_recipe(recipe, steps_per_epoch=max(1, math.ceil(samples / recipe.batch_size)))
     model_dir = spec.model_dir
-    job = {
-        "target_dir": str(model_dir), "out_dir": str(out),
-        "features": [str(layout.hidden_states_dir(d)) for d in recipe.datasets],
-        "weights": [float(w) for w in recipe.datasets.values()],
-        "train": asdict(train), "draft_vocab_size": recipe.draft_vocab_size,
-        "intermediate_size": recipe.intermediate_size, "aux_layer_ids": recipe.aux_layer_ids,
-        "resume": config.resume, "threads": config.threads, "device": config.device,
-        "export": {"sglang": True, "vllm": True, "dtype": "bfloat16", "speculative_k": recipe.speculative_k},
-        "pipes_asset_key": "drafter_checkpoint",
-    }
-    job_path = out / "job.json"
-    job_path.write_text(json.dumps(job, indent=2))
-    trainer = [sys.executable, "-m", "eagle3_assets.drafter.train", "--config", str(job_path)]
+    job = TrainJob(
+        target_dir=str(model_dir), out_dir=str(out),
+        datasets={str(layout.hidden_states_dir(d)): float(w) for d, w in recipe.datasets.items()},
+        training=recipe.training, shape=recipe.shape,
+        runtime=RuntimeSettings(device=config.device, dtype=config.dtype, threads=config.threads,
+                                loader_workers=config.loader_workers, resume=config.resume),
+        export=ExportSettings(speculative_k=recipe.evaluation.speculative_k), pipes_asset_key="drafter_checkpoint",
+    )
+    job_path = job.write(out / "job.json")
+    trainer = [sys.executable, "-m", "eagle3_assets.drafter.training", "--config", str(job_path)]
     if config.nproc_per_node > 1:
         trainer = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={config.nproc_per_node}", "-m", "eagle3_assets.drafter.train",
+                   f"--nproc-per-node={config.nproc_per_node}", "-m", "eagle3_assets.drafter.training",
                    "--config", str(job_path)]
-    context.log.info(f"training {recipe.name}: {samples:.0f} samples per epoch, {train.max_steps} steps: {' '.join(trainer)}")
+    context.log.info(f"training {recipe.name}: {samples:.0f} samples per epoch: {' '.join(trainer)}")
     invocation = dg.PipesSubprocessClient().run(context=context, command=trainer, env=dict(os.environ))
     pipes_meta = {}
     for event in invocation.get_results():
@@ -78,7 +74,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     if result.get("stopped_early"):
         raise RuntimeError(f"training of {recipe.name} stopped before its last step; re-run to resume")
 
-    prompts = eval_prompts(layout, recipe.datasets, recipe.eval_samples)
+    prompts = eval_prompts(layout, recipe.datasets, recipe.evaluation.eval_samples)
     if not prompts:
         raise ValueError(f"recipe {recipe.name}: its datasets have no held-out (eval) samples to measure acceptance on")
     evaluation = evaluate_drafter(model_dir, out / "sglang", prompts, recipe)
@@ -94,12 +90,12 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
             "acceptance_length": t["acceptance_length"],
             "acceptance_length_no_bonus": t["acceptance_length_no_bonus"],
             "untrained_acceptance_length": u["acceptance_length"],
-            "acceptance_floor": recipe.acceptance_floor,
+            "acceptance_floor": recipe.evaluation.acceptance_floor,
             "matches_greedy": t["matches_greedy"],
             "acceptance_per_position": md_table(positions),
             "eval_prompts": len(prompts),
             "train_samples_per_epoch": samples,
-            "steps": train.max_steps,
+            "steps": result["total_steps"],
             **{k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
             **pipes_meta,
             "training_curve": dg.MetadataValue.md(

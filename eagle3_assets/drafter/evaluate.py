@@ -47,13 +47,14 @@ def evaluate_drafter(model_dir: Path, export_dir: Path, prompts: list[list[int]]
     drafter = load_sglang(export_dir, read_target_embeddings(model_dir)).float().eval()
     stop = target.generation_config.eos_token_id
     stop = list(stop) if isinstance(stop, (list, tuple)) else [stop]
-    k, n = recipe.speculative_k, recipe.eval_max_new_tokens
+    ev = recipe.evaluation
+    k, n = ev.speculative_k, ev.eval_max_new_tokens
     greedy = [greedy_generate(target, p, max_new_tokens=n, stop_ids=stop) for p in prompts]
     out = {}
-    for name, model in (("trained", drafter), ("untrained", untrained_baseline(drafter, seed=recipe.seed + 1))):
+    for name, model in (("trained", drafter), ("untrained", untrained_baseline(drafter, seed=recipe.training.seed + 1))):
         rep = evaluate_acceptance(target, model, prompts, k=k, max_new_tokens=n, stop_ids=stop, greedy_reference=greedy)
         out[name] = {"acceptance_length": rep.acceptance_length, "acceptance_length_no_bonus": rep.acceptance_length_no_bonus,
                      "per_position_rate": list(rep.per_position_rate), "verify_steps": rep.verify_steps,
                      "matches_greedy": bool(rep.matches_greedy)}
-    out.update(prompts=len(prompts), k=k, max_new_tokens=n, floor=recipe.acceptance_floor)
+    out.update(prompts=len(prompts), k=k, max_new_tokens=n, floor=ev.acceptance_floor)
     return out

@@ -264,33 +264,34 @@ class TTTContext:
     Entry (step j, index t) stands for the virtual sequence position t + j: the step-0 entries
     are built from the target's features, the later ones from the drafter's own outputs along
     the chain that starts after position t. A query (step s, index t) may see step-0 keys at
-    indices u <= t (and not padding) and the keys (step j, index t) for 1 <= j <= s. Rotary
-    positions are t + s, so relative distances are those of real chain decoding.
+    indices u <= t and the keys (step j, index t) for 1 <= j <= s. Rotary positions are t + s,
+    so relative distances are those of real chain decoding.
+
+    Each step is one call of PyTorch's fused ``scaled_dot_product_attention`` over the keys of
+    steps 0..s laid side by side ([T, (s+1)T] boolean mask: causal on the step-0 block, the
+    diagonal on every later block), so no [T, T] score matrix is kept for backward. Batches
+    are right-padded: a real query never reaches a padded key through the causal block, and a
+    padded query (outside the loss) always sees key 0, so no row is empty.
     """
 
     def __init__(self, key_valid: torch.Tensor):
+        if key_valid.shape[1] > 1 and bool((key_valid[:, 1:] > key_valid[:, :-1]).any()):
+            raise ValueError("attention_mask must be right padding (ones, then zeros) in every row")
         t = key_valid.shape[1]
         idx = torch.arange(t, device=key_valid.device)
-        causal = idx[None, :] <= idx[:, None]
-        diag = idx[None, :] == idx[:, None]  # always visible, so padded rows never go all -inf
-        self.mask = (causal & key_valid[:, None, :]) | diag  # [B, T, T]
+        self.causal = idx[None, :] <= idx[:, None]  # [T, T]
+        self.diag = idx[None, :] == idx[:, None]
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
 
     def attend(self, q, k, v, scale: float) -> torch.Tensor:
         self.keys.append(k)
         self.values.append(v)
-        k0, v0 = self.keys[0], self.values[0]
-        scores = (q @ k0.transpose(-1, -2)) * scale  # [B, h, T, T]
-        scores = scores.masked_fill(~self.mask[:, None], float("-inf"))
         if len(self.keys) == 1:
-            return scores.softmax(-1) @ v0
-        chain_k = torch.stack(self.keys[1:], dim=-2)  # [B, h, T, s, d]
-        chain_v = torch.stack(self.values[1:], dim=-2)
-        chain_scores = (q[..., None, :] * chain_k).sum(-1) * scale  # [B, h, T, s]
-        probs = torch.cat([scores, chain_scores], dim=-1).softmax(-1)
-        t = scores.shape[-1]
-        return probs[..., :t] @ v0 + (probs[..., t:, None] * chain_v).sum(-2)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        mask = torch.cat([self.causal, *([self.diag] * (len(self.keys) - 1))], dim=-1)  # [T, (s+1)T]
+        return F.scaled_dot_product_attention(q, torch.cat(self.keys, dim=2), torch.cat(self.values, dim=2),
+                                              attn_mask=mask, scale=scale)
 
 
 class KVCache:
@@ -314,9 +315,7 @@ class KVCache:
         t, total = q.shape[2], self.k.shape[2]
         qi = torch.arange(t, device=q.device)[:, None] + past
         mask = torch.arange(total, device=q.device)[None, :] <= qi  # [t, total]
-        scores = (q @ self.k.transpose(-1, -2)) * scale
-        scores = scores.masked_fill(~mask, float("-inf"))
-        return scores.softmax(-1) @ self.v
+        return F.scaled_dot_product_attention(q, self.k, self.v, attn_mask=mask, scale=scale)
 
 
 # ----------------------------------------------------------------------------- the drafter

@@ -151,8 +151,8 @@ def measure_recipe(recipe_name: str, *, python: str | None = None, layout=None) 
     ev = json.loads(ev_path.read_text())
     model_dir = Path(json.loads((out / "vllm" / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
                      or resolve_model_dir("", layout.models_dir))
-    prompts = eval_prompts(layout, recipe.datasets, recipe.eval_samples)
-    greedy = _greedy(model_dir, prompts, recipe.eval_max_new_tokens)
+    prompts = eval_prompts(layout, recipe.datasets, recipe.evaluation.eval_samples)
+    greedy = _greedy(model_dir, prompts, recipe.evaluation.eval_max_new_tokens)
     with VLLMServer(model_dir, role="speculate", drafter_dir=out / "vllm", num_speculative_tokens=ev["k"],
                     python=python or "") as server:
         engine = measure_acceptance(server.api_url, prompts, k=ev["k"], max_new_tokens=ev["max_new_tokens"],

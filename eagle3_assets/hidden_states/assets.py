@@ -14,12 +14,13 @@ from resources import StorageResource, TargetResource, VLLMResource
 
 
 class HiddenStatesConfig(dg.Config):
-    backend: str = "local"  # "local" (transformers), "sglang" (in-process engine, GPU only) or "vllm" (a server)
+    backend: str = "local"  # "local" (transformers), "sglang" (torchrun over tp_size GPUs) or "vllm" (a server)
     dtype: str = "bf16"  # "bf16" or "fp8" (e4m3 with a per-token scale; half the bytes)
     shard_bytes: int = 1 << 30
     batch_tokens: int = 4096
     layer_ids: list[int] = []  # empty: the model's default auxiliary layers
     retry_quarantined: bool = False
+    tp_size: int = 1  # sglang: tensor-parallel GPUs (torchrun processes)
 
 
 def build_extractor(config: HiddenStatesConfig, target: TargetResource, vllm: VLLMResource | None = None):
@@ -30,12 +31,6 @@ def build_extractor(config: HiddenStatesConfig, target: TargetResource, vllm: VL
     if config.backend == "local":
         return extractors.LocalExtractor(spec.model_dir, layer_ids=config.layer_ids or None, device=target.device,
                                          target=spec.identity)
-    if config.backend == "sglang":
-        text = spec.text_config
-        return extractors.SGLangExtractor(
-            str(spec.model_dir), hidden_size=text["hidden_size"], num_layers=text["num_hidden_layers"],
-            layer_ids=config.layer_ids or None, vocab_size=text["vocab_size"], target=spec.identity,
-        )
     if config.backend == "vllm":
         return (vllm or VLLMResource()).extractor(spec, layer_ids=config.layer_ids or None)
     raise ValueError(f"unknown hidden-state backend {config.backend!r} (expected 'local', 'sglang' or 'vllm')")
@@ -58,6 +53,11 @@ def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig,
     dataset = context.partition_key
     layout = storage.layout
     out = layout.hidden_states_dir(dataset)
+    if config.backend == "sglang":
+        from eagle3_assets.hidden_states.sglang_launch import launch_sglang_extraction
+
+        report = launch_sglang_extraction(context, config, target.spec(), layout.corpus(dataset), out)
+        return hidden_states_result(context, config, out, report)
     extractor = build_extractor(config, target, vllm)
     bar = tqdm(desc=f"hidden states {dataset}", unit="tok", unit_scale=True, file=sys.stderr)
     last_log = [time.monotonic()]
@@ -78,6 +78,10 @@ def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig,
         bar.close()
         if hasattr(extractor, "close"):
             extractor.close()
+    return hidden_states_result(context, config, out, report)
+
+
+def hidden_states_result(context, config: HiddenStatesConfig, out, report) -> dg.MaterializeResult:
     manifest = json.loads((out / "manifest.json").read_text())
     tokens = manifest["num_tokens"]
     if report.quarantined_total:

@@ -68,14 +68,15 @@ def load_corpus(corpus_parquet: Path | str) -> pl.DataFrame:
     return frame
 
 
-def plan_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
-    """Row indices grouped longest first, each group's padded size ``n * max_len`` within budget."""
+def plan_batches(lengths: list[int], batch_tokens: int, max_rows: int | None = None) -> list[list[int]]:
+    """Row indices grouped longest first, each group's padded size ``n * max_len`` within budget
+    (and at most ``max_rows`` rows, where the backend sizes a request pool)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     cur: list[int] = []
     for i in order:
         width = lengths[cur[0]] if cur else lengths[i]
-        if cur and (len(cur) + 1) * width > batch_tokens:
+        if cur and ((len(cur) + 1) * width > batch_tokens or (max_rows is not None and len(cur) >= max_rows)):
             batches.append(cur)
             cur = []
         cur.append(i)
@@ -171,7 +172,7 @@ def extract_corpus(
             report.quarantined_new += 1
 
     try:
-        for batch in plan_batches([lengths[i] for i in good], batch_tokens):
+        for batch in plan_batches([lengths[i] for i in good], batch_tokens, getattr(extractor, "max_rows", None)):
             rows = [good[j] for j in batch]
             part = todo[rows]  # only this batch's ids become Python lists
             t0 = time.perf_counter()

@@ -1,8 +1,9 @@
 """Read hidden-state shards for training: by sample id, or as padded / packed batches.
 
-Shards are opened with ``safetensors.safe_open`` (memory-mapped) and read through
-``get_slice``, so a sample costs only its own rows, and a run of consecutive samples of one
-shard is read with one slice per tensor. fp8 shards are dequantized on read.
+A sample costs only its own rows: they are read with ``pread`` into fresh memory
+(:class:`~eagle3_assets.hidden_states.shard_file.ShardFile`, no memory map whose touched
+pages would stay in the process), and a run of consecutive samples of one shard is read with
+one call per tensor. fp8 shards are dequantized on read.
 
 Packed batches concatenate whole samples up to a token budget: ``position_ids`` restart at
 0 for each sample and ``cu_seqlens`` holds the boundaries. A trainer that shifts targets by
@@ -79,14 +80,20 @@ class ShardReader:
     def _open(self, shard: str):
         h = self._handles.get(shard)
         if h is None:
-            from safetensors import safe_open
+            from eagle3_assets.hidden_states.shard_file import ShardFile
 
-            h = safe_open(str(self.dir / shard), framework="pt")
+            h = ShardFile(self.dir / shard)
             self._handles[shard] = h
         return h
 
     def close(self) -> None:
+        for h in self._handles.values():
+            h.close()
         self._handles.clear()
+
+    def __getstate__(self) -> dict:
+        # Open shard handles stay with the process that opened them (DataLoader workers open their own).
+        return {**self.__dict__, "_handles": {}}
 
     def __enter__(self):
         return self
@@ -97,9 +104,9 @@ class ShardReader:
     # -- reading --------------------------------------------------------------------------
 
     def _states(self, h, name: str, a: int, b: int):
-        x = h.get_slice(f"{name}_hidden")[a:b]
+        x = h.rows(f"{name}_hidden", a, b)
         if self.stored == "fp8":
-            return dequantize_fp8(x, h.get_slice(f"{name}_scale")[a:b], self.dtype)
+            return dequantize_fp8(x, h.rows(f"{name}_scale", a, b), self.dtype)
         return x if x.dtype == self.dtype else x.to(self.dtype)
 
     def read_range(self, shard: str, start: int, end: int) -> dict:
@@ -108,11 +115,23 @@ class ShardReader:
 
         h = self._open(shard)
         return {
-            "input_ids": h.get_slice("input_ids")[start:end].to(torch.int64),
-            "loss_mask": h.get_slice("loss_mask")[start:end].to(torch.int64),
+            "input_ids": h.rows("input_ids", start, end).to(torch.int64),
+            "loss_mask": h.rows("loss_mask", start, end).to(torch.int64),
             "aux_hidden": self._states(h, "aux", start, end),
             "last_hidden": self._states(h, "last", start, end),
         }
+
+    def read_tokens_range(self, shard: str, start: int, end: int) -> tuple:
+        """``input_ids`` and ``loss_mask`` (int64) of tokens ``start:end``, without the states."""
+        import torch
+
+        h = self._open(shard)
+        return h.rows("input_ids", start, end).to(torch.int64), h.rows("loss_mask", start, end).to(torch.int64)
+
+    def location(self, sample_id: str) -> tuple[str, int, int]:
+        """(shard file, first token, length) of a stored sample."""
+        shard, off, n, _ = self._rows[sample_id]
+        return shard, off, n
 
     def read(self, sample_id: str) -> Sample:
         try:

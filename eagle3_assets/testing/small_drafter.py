@@ -32,8 +32,12 @@ def train_small_drafter(embedded, model_dir: Path, out_dir: Path, *, k: int = 3,
         read_target_lm_head,
     )
     from eagle3_assets.drafter.spec_decode import target_features
-    from eagle3_assets.drafter.train import FeatureBatches, Teacher, TrainConfig, add_target_ids, train
-    from eagle3_assets.drafter.vocab_map import build_vocab_map, count_tokens
+    from eagle3_assets.drafter.training.config import TrainSettings
+    from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset
+    from eagle3_assets.drafter.training.loop import train
+    from eagle3_assets.drafter.training.teacher import Teacher
+    from eagle3_assets.drafter.vocab_map import build_vocab_map
+    from eagle3_assets.hidden_states.write import write_samples
 
     out_dir = Path(out_dir)
     prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in TRAIN_QUESTIONS]
@@ -42,11 +46,16 @@ def train_small_drafter(embedded, model_dir: Path, out_dir: Path, *, k: int = 3,
     masks = [[0] * len(p) + [1] * len(g.output_ids) for p, g in zip(prompts, gens)]
     feats = target_features(embedded.model, seqs, masks, list(layer_ids))
     cfg = read_target_config(model_dir)
-    vmap = build_vocab_map(count_tokens(((s["input_ids"], s["loss_mask"]) for s in feats), cfg["vocab_size"]), 512)
+    # stored as the hidden_states asset stores them, then streamed back as training does
+    write_samples(out_dir / "features", feats, layer_ids=list(layer_ids), num_layers=cfg["num_hidden_layers"],
+                  target={"name": Path(model_dir).name, "id": "small-drafter"})
+    dataset = ShardDataset({out_dir / "features": 1.0}, max_length=64)
+    vmap = build_vocab_map(dataset.token_counts(cfg["vocab_size"]), 512)
     teacher = Teacher(read_target_lm_head(model_dir).float(), vmap)
     dcfg = DrafterConfig.from_target(cfg, draft_vocab_size=512, intermediate_size=256)
     model = build_drafter(dcfg, read_target_embeddings(model_dir), vmap, seed=0)
-    train(TrainConfig(max_steps=steps, batch_size=4, ttt_steps=k, lr=3e-3, warmup_steps=3, checkpoint_every=steps,
-                      max_length=64, progress=False), model, FeatureBatches(add_target_ids(feats, teacher), 4, seed=0),
-          teacher, out_dir / "train")
+    settings = TrainSettings(max_steps=steps, batch_size=4, ttt_steps=k, lr=3e-3, warmup_steps=3,
+                             checkpoint_every=steps, max_length=64)
+    train(settings, model, ShardBatches(dataset, 4, seed=0), teacher, out_dir / "train", progress=False)
+    dataset.close()
     return export_vllm(model.eval(), out_dir / "vllm", dtype=export_dtype, verifier=str(model_dir), speculative_tokens=k)

@@ -1,0 +1,162 @@
+"""The typed settings of a drafter training run, defined once.
+
+A recipe (``recipes/<name>.toml``) is parsed into these sections, the ``drafter_checkpoint``
+asset writes them unchanged into the trainer's job file, and the trainer reads them back:
+the field list, defaults and limits exist here only.
+
+- ``TrainSettings``: optimisation and data (what changes the trained weights);
+- ``DraftShape``: the drafter's shape beyond what the target fixes;
+- ``EvalSettings``: how the asset measures acceptance afterwards;
+- ``RuntimeSettings`` and ``ExportSettings``: where and how this run executes and what it
+  writes at the end (they never change the weights);
+- ``TrainJob``: one run of the trainer entry point, as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class _Section(BaseModel):
+    """Strict: an int field refuses bools, floats and strings; a float field takes ints."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class TrainSettings(_Section):
+    """Optimisation and data settings; a checkpoint records them and resume compares them."""
+
+    # training-time test
+    ttt_steps: int = Field(7, ge=1)
+    step_loss_decay: float = Field(0.8, gt=0.0, le=1.0)
+    # optimizer and schedule
+    lr: float = Field(1e-4, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = Field(0.0, ge=0.0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    grad_clip: float = Field(0.5, ge=0.0)  # 0 turns clipping off
+    # length of training: exactly one of the two
+    max_steps: int | None = Field(None, ge=1)
+    epochs: float | None = Field(None, gt=0.0)
+    batch_size: int = Field(8, ge=1)  # global: split across data-parallel ranks
+    max_length: int = Field(2048, ge=8)  # tokens per sequence; longer samples are truncated
+    seed: int = Field(0, ge=0)
+    checkpoint_every: int = Field(500, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _betas_from_list(cls, v):
+        return tuple(v) if isinstance(v, list) else v
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v):
+        if not all(0.0 <= float(b) < 1.0 and math.isfinite(b) for b in v):
+            raise ValueError("each beta must be in [0, 1)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_length(self):
+        if (self.max_steps is None) == (self.epochs is None):
+            raise ValueError("set exactly one of 'max_steps' and 'epochs'")
+        if self.max_steps is not None and self.warmup_steps and self.warmup_steps >= self.max_steps:
+            raise ValueError(f"'warmup_steps' must be below max_steps ({self.max_steps})")
+        return self
+
+    def total_steps(self, batches_per_epoch: int) -> int:
+        """Optimizer steps of the whole run: ``max_steps``, or ``epochs`` over the data."""
+        if self.max_steps is not None:
+            return self.max_steps
+        return max(1, math.ceil(self.epochs * max(1, batches_per_epoch)))
+
+    def lr_factor(self, step: int, total_steps: int) -> float:
+        """Multiplier of ``lr`` at optimizer step ``step`` (0-based): linear warmup, then cosine
+        to zero at ``total_steps`` (or constant)."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        progress = (step - self.warmup_steps) / max(1, total_steps - self.warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+class DraftShape(_Section):
+    """What the recipe decides about the drafter's shape (hidden size and heads follow the target)."""
+
+    draft_vocab_size: int = Field(ge=1)
+    intermediate_size: int | None = Field(None, ge=1)  # None: the target's
+    aux_layer_ids: list[int] | None = None  # None: [1, L//2 - 1, L - 4]
+
+    @field_validator("aux_layer_ids")
+    @classmethod
+    def _three_increasing(cls, v):
+        if v is not None and (len(v) != 3 or min(v) < 0 or sorted(set(v)) != v):
+            raise ValueError("must be three strictly increasing layer ids >= 0")
+        return v
+
+
+class EvalSettings(_Section):
+    """Acceptance measured by real chain speculative decoding on held-out prompts."""
+
+    acceptance_floor: float = Field(1.0, ge=1.0)  # accepted draft tokens + 1 per verification
+    eval_max_new_tokens: int = Field(64, ge=1)
+    eval_samples: int = Field(16, ge=1)
+    speculative_k: int = Field(3, ge=1)
+
+
+class RuntimeSettings(_Section):
+    """Where this run executes; none of it changes the trained weights."""
+
+    device: str = "auto"  # auto: this rank's GPU when there is one, else cpu
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # compute dtype; auto: bf16 on GPU, fp32 on CPU
+    threads: int = Field(0, ge=0)  # torch threads per process; 0 leaves torch's default
+    loader_workers: int = Field(-1, ge=-1)  # DataLoader workers per rank; -1: 2 on GPU, 0 on CPU
+    resume: bool = True
+    stop_after: int | None = Field(None, ge=0)  # end after this many total steps, as a crash would
+    progress: bool = True
+
+
+class ExportSettings(_Section):
+    sglang: bool = True
+    vllm: bool = True
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    speculative_k: int = Field(3, ge=1)
+
+
+class TrainJob(BaseModel):
+    """What ``python -m eagle3_assets.drafter.training --config job.json`` runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target_dir: str  # the target's HF directory (config.json + safetensors)
+    out_dir: str
+    datasets: dict[str, float]  # hidden-state shard directory -> mixing weight (train split)
+    training: TrainSettings
+    shape: DraftShape
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    export: ExportSettings | None = None
+    init_seed: int | None = None  # drafter init; default training.seed
+    pipes_asset_key: str | None = None
+
+    @classmethod
+    def from_json(cls, path: Path | str) -> TrainJob:
+        """Read and validate a job file; an error names the file and the field."""
+        path = Path(path)
+        try:
+            return cls.model_validate_json(path.read_text())
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"{path}: field '{field}': {first['msg']}") from None
+
+    def write(self, path: Path | str) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.model_dump(mode="json"), indent=2))
+        return path

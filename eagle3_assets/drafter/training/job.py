@@ -1,0 +1,100 @@
+"""One training run from a :class:`TrainJob`: data, vocabulary map, drafter, teacher, loop, export.
+
+Every rank builds the same dataset index and token counts; rank 0 writes the vocabulary
+map (the others read it after a barrier), trains with the rest, and alone writes the
+exports and ``result.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from eagle3_assets.drafter.model import (
+    DrafterConfig,
+    build_drafter,
+    read_target_config,
+    read_target_embeddings,
+    read_target_lm_head,
+)
+from eagle3_assets.drafter.training.checkpoints import write_atomic_text
+from eagle3_assets.drafter.training.config import TrainJob
+from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset
+from eagle3_assets.drafter.training.distributed import barrier, dist_info, init_distributed
+from eagle3_assets.drafter.training.loop import Trainer
+from eagle3_assets.drafter.training.teacher import Teacher
+from eagle3_assets.drafter.vocab_map import check_vocab_map, counts_hash, load_or_build_vocab_map
+
+
+def compute_dtype(job: TrainJob, device: torch.device) -> torch.dtype:
+    if job.runtime.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, job.runtime.dtype)
+
+
+def drafter_config(job: TrainJob, dataset: ShardDataset) -> DrafterConfig:
+    """The drafter's shape; its aux layers are the ones the shards hold (a recipe that names
+    others is refused: training on one set of layers and serving another is silent damage)."""
+    stored = dataset.aux_layer_ids
+    wanted = job.shape.aux_layer_ids
+    if wanted is not None and stored is not None and list(wanted) != stored:
+        raise ValueError(f"the recipe asks for aux layers {list(wanted)} but the hidden states hold {stored}: "
+                         "re-extract with those layer_ids or drop aux_layer_ids from the recipe")
+    cfg = DrafterConfig.from_target(read_target_config(job.target_dir), draft_vocab_size=job.shape.draft_vocab_size,
+                                    aux_layer_ids=wanted or stored, intermediate_size=job.shape.intermediate_size)
+    if dataset.readers and dataset.hidden_size != cfg.target_hidden_size:
+        raise ValueError(f"the hidden states have hidden size {dataset.hidden_size}, the target {cfg.target_hidden_size}")
+    return cfg
+
+
+def run_job(job: TrainJob, on_metrics=None) -> dict:
+    """Train (or resume) the job's drafter; rank 0 exports it and writes ``result.json``."""
+    if job.runtime.threads > 0:
+        torch.set_num_threads(job.runtime.threads)
+    device = init_distributed(job.runtime.device)
+    rank, world = dist_info()
+    out_dir = Path(job.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    s = job.training
+    dataset = ShardDataset(job.datasets, max_length=s.max_length, seed=s.seed)
+    dcfg = drafter_config(job, dataset)
+    counts = dataset.token_counts(dcfg.vocab_size)
+    if rank == 0:
+        vmap = load_or_build_vocab_map(out_dir, counts, dcfg.draft_vocab_size)
+    barrier()
+    if rank != 0:
+        vmap = load_or_build_vocab_map(out_dir, counts, dcfg.draft_vocab_size)
+    check_vocab_map(vmap, source_hash=counts_hash(counts))
+
+    workers = job.runtime.loader_workers if job.runtime.loader_workers >= 0 else (2 if device.type == "cuda" else 0)
+    data = ShardBatches(dataset, s.batch_size, seed=s.seed, rank=rank, world_size=world, workers=workers,
+                        pin_memory=device.type == "cuda")
+    dtype = compute_dtype(job, device)
+    model = build_drafter(dcfg, read_target_embeddings(job.target_dir), vmap,
+                          seed=s.seed if job.init_seed is None else job.init_seed).to(device)
+    teacher = Teacher(read_target_lm_head(job.target_dir), vmap, device=device, dtype=dtype)
+    trainer = Trainer(s, model, data, teacher, out_dir, compute_dtype=dtype, vocab_hash=vmap.source_hash,
+                      progress=job.runtime.progress)
+    result = trainer.run(resume=job.runtime.resume, stop_after=job.runtime.stop_after, on_metrics=on_metrics)
+
+    summary = {**result.summary, "world_size": world, "vocab_map": vmap.summary(), "total_steps": trainer.total_steps,
+               "train_samples_per_epoch": len(dataset), "batches_per_epoch": len(data), "compute_dtype": str(dtype),
+               "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+               "metrics_path": str(result.metrics_path) if result.metrics_path else None,
+               "curve_path": str(result.curve_path) if result.curve_path else None,
+               "stopped_early": result.stopped_early}
+    if rank == 0 and job.export and not result.stopped_early:
+        from eagle3_assets.drafter.export import export_sglang, export_vllm
+
+        e = job.export
+        if e.sglang:
+            summary["sglang_dir"] = str(export_sglang(model, out_dir / "sglang", dtype=e.dtype))
+        if e.vllm:
+            summary["vllm_dir"] = str(export_vllm(model, out_dir / "vllm", dtype=e.dtype, verifier=str(job.target_dir),
+                                                  speculative_tokens=e.speculative_k))
+    if rank == 0:
+        write_atomic_text(out_dir / "result.json", json.dumps(summary, indent=2))
+    barrier()
+    return summary

@@ -1,0 +1,227 @@
+"""The training loop: unrolled training-time test against the target's own distribution.
+
+A batch (right padding; ``attention_mask`` marks real tokens) holds ``input_ids`` [B, T],
+``loss_mask`` [B, T], ``aux_hidden`` [B, T, 3H] and ``last_hidden`` [B, T, H]. Each TTT
+step's soft cross-entropy is averaged over the positions that count *in the global batch*,
+so one process and N processes compute the same gradient; the steps are summed with weights
+``step_loss_decay ** s``. On a GPU the drafter runs under bf16 autocast (fp32 master
+weights) and the teacher in bf16; on CPU both run in fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from eagle3_assets.drafter.model import Eagle3Drafter
+from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint, write_atomic_text
+from eagle3_assets.drafter.training.config import TrainSettings
+from eagle3_assets.drafter.training.distributed import all_reduce_sum, barrier, dist_info, rng_state, set_rng_state
+from eagle3_assets.drafter.training.metrics import TrainResult, plot_training_curve
+from eagle3_assets.drafter.training.teacher import Teacher, step_terms
+
+# Settings a resumed run may change: they decide when to stop and what to keep, not the weights so far.
+RESUMABLE_CHANGES = {"max_steps", "epochs", "checkpoint_every", "keep_checkpoints"}
+
+
+class Trainer:
+    """Trains ``model`` in place on ``data`` (``len()`` batches per epoch, ``epoch(e, start)``)."""
+
+    def __init__(self, settings: TrainSettings, model: Eagle3Drafter, data, teacher: Teacher, out_dir: Path, *,
+                 total_steps: int | None = None, compute_dtype: torch.dtype = torch.float32,
+                 vocab_hash: str | None = None, progress: bool = True):
+        self.settings, self.model, self.data, self.teacher = settings, model, data, teacher
+        self.out_dir = Path(out_dir)
+        self.total_steps = total_steps or settings.total_steps(len(data))
+        self.compute_dtype, self.vocab_hash, self.progress = compute_dtype, vocab_hash, progress
+        self.rank, self.world = dist_info()
+        self.device = next(model.parameters()).device
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=settings.lr, betas=tuple(settings.betas),
+                                           weight_decay=settings.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda i: settings.lr_factor(i, self.total_steps))
+        self.step, self.epoch, self.batch_in_epoch, self.metrics = 0, 0, 0, []
+        self.net = model
+
+    # -- state ----------------------------------------------------------------------------
+
+    def restore(self) -> Path | None:
+        """Continue from the latest checkpoint in ``out_dir``, refusing one of another run."""
+        ckpt = latest_checkpoint(self.out_dir)
+        if ckpt is None:
+            return None
+        state = load_checkpoint(ckpt)
+        stale = self.vocab_hash is not None and state.get("vocab_source_hash") not in (None, self.vocab_hash)
+        if stale or not torch.equal(state["model"]["d2t"].cpu(), self.model.d2t.cpu()):
+            from eagle3_assets.drafter.vocab_map import StaleVocabMapError
+
+            raise StaleVocabMapError(f"{ckpt}: trained with vocabulary map {str(state.get('vocab_source_hash'))[:16]}, "
+                                     "which is not this run's; use a fresh out_dir")
+        if state["drafter_config"] != self.model.config.to_dict():
+            raise ValueError(f"{ckpt}: drafter shape differs from this run's; use a fresh out_dir")
+        theirs, ours = state["training"], self.settings.model_dump(mode="json")
+        changed = sorted(k for k in ours if k not in RESUMABLE_CHANGES and theirs.get(k) != ours[k])
+        if changed:
+            raise ValueError(f"{ckpt}: trained with other settings ({', '.join(changed)}); use a fresh out_dir")
+        missing, unexpected = self.model.load_state_dict(state["model"], strict=False)
+        if unexpected or any(not k.startswith("embed_tokens.") for k in missing):
+            raise ValueError(f"{ckpt}: weights do not fit the drafter (missing {missing}, unexpected {unexpected})")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        self.metrics = state["metrics"]
+        rngs = state["rng"]
+        set_rng_state(rngs[self.rank] if self.rank < len(rngs) else rngs[0])
+        return ckpt
+
+    def checkpoint(self) -> Path | None:
+        import torch.distributed as dist
+
+        rngs = [rng_state()]
+        if self.world > 1:
+            rngs = [None] * self.world
+            dist.all_gather_object(rngs, rng_state())
+        path = None
+        if self.rank == 0:
+            path = save_checkpoint(self.out_dir, {
+                "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                "model": self.model.trainable_state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "rng": rngs, "world_size": self.world,
+                "training": self.settings.model_dump(mode="json"), "drafter_config": self.model.config.to_dict(),
+                "vocab_source_hash": self.vocab_hash, "metrics": self.metrics,
+            }, self.settings.keep_checkpoints)
+            write_atomic_text(self.out_dir / "metrics.json", json.dumps(self.metrics))
+        barrier()
+        return path
+
+    # -- data -----------------------------------------------------------------------------
+
+    def batches(self) -> Iterator[dict]:
+        """This rank's batches from the current data position on, across epochs."""
+        while True:
+            produced = False
+            for batch in self.data.epoch(self.epoch, self.batch_in_epoch):
+                produced = True
+                yield batch
+            if not produced and self.batch_in_epoch == 0:
+                return  # no data at all
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+    def prepare(self, batch: dict) -> dict:
+        """Tensors on the device; states (stored in bf16 or fp32) in the compute dtype."""
+        out = {k: batch[k].to(self.device, non_blocking=True)
+               for k in ("input_ids", "loss_mask", "attention_mask", "aux_hidden", "last_hidden")}
+        for k in ("aux_hidden", "last_hidden"):
+            out[k] = out[k].to(self.compute_dtype)
+        return out
+
+    # -- one optimizer step -----------------------------------------------------------------
+
+    def _autocast(self):
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def train_step(self, batch: dict) -> dict:
+        s = self.settings
+        teacher_out = self.teacher(batch["last_hidden"])
+        with self._autocast():
+            logits_steps = self.net(batch["input_ids"], batch["aux_hidden"], batch["attention_mask"], ttt_steps=s.ttt_steps)
+        terms = step_terms(logits_steps, batch, teacher_out, self.model.d2t)
+        # One all-reduce gives every rank the global counts (for the loss) and sums (for logs).
+        stats = torch.stack([torch.stack([t[0].detach(), t[1], t[2]]) for t in terms])  # [S, 3]
+        tokens = batch["attention_mask"].sum().to(stats.dtype)
+        stats = all_reduce_sum(torch.cat([stats.reshape(-1), tokens.reshape(1)]))
+        tokens = int(stats[-1])
+        stats = stats[:-1].view(-1, 3)
+        loss = sum((s.step_loss_decay ** i) * t[0] / stats[i, 1].clamp(min=1.0) for i, t in enumerate(terms)) \
+            * self.world  # DDP averages gradients over ranks; the global normaliser already counts them all
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.grad_clip) if s.grad_clip > 0 else \
+            torch.norm(torch.stack([p.grad.norm() for p in self.params if p.grad is not None]))
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        loss_per_step = (stats[:, 0] / stats[:, 1].clamp(min=1.0)).tolist()
+        return {
+            "step": self.step + 1, "epoch": self.epoch, "lr": lr, "grad_norm": float(grad_norm),
+            "loss": sum((s.step_loss_decay ** i) * v for i, v in enumerate(loss_per_step)),
+            "loss_per_step": loss_per_step, "acc_per_step": (stats[:, 2] / stats[:, 1].clamp(min=1.0)).tolist(),
+            "positions": stats[:, 1].tolist(), "tokens": tokens,
+        }
+
+    # -- the run --------------------------------------------------------------------------
+
+    def run(self, *, resume: bool = True, stop_after: int | None = None,
+            on_metrics: Callable[[dict], None] | None = None) -> TrainResult:
+        """Train to ``total_steps``. ``stop_after`` ends the run after that many total steps
+        *without* a final checkpoint, as a crash would (for tests and time-sliced jobs)."""
+        from tqdm import tqdm
+
+        last_ckpt = self.restore() if resume else None
+        if last_ckpt is None:
+            torch.manual_seed(self.settings.seed)
+            random.seed(self.settings.seed)
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.net = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        main = self.rank == 0
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="drafter", dynamic_ncols=True, file=sys.stderr,
+                   disable=not (main and self.progress))
+        t_start, data_time, step_time, tokens_run, steps_run, stopped = time.perf_counter(), 0.0, 0.0, 0, 0, False
+        stream = self.batches()
+        self.net.train()
+        while self.step < self.total_steps:
+            if stop_after is not None and self.step >= stop_after:
+                stopped = True
+                break
+            t0 = time.perf_counter()
+            batch = next(stream, None)
+            if batch is None:
+                break  # no data to train on
+            batch = self.prepare(batch)
+            t1 = time.perf_counter()
+            m = self.train_step(batch)
+            self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1
+            t2 = time.perf_counter()
+            m.update(step_time=t2 - t0, data_time=t1 - t0)
+            self.metrics.append(m)
+            data_time, step_time = data_time + t1 - t0, step_time + t2 - t0
+            tokens_run, steps_run = tokens_run + m["tokens"], steps_run + 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{m['loss']:.3f}", acc0=f"{m['acc_per_step'][0]:.2f}")
+            if on_metrics is not None and main:
+                on_metrics(m)
+            if self.step % self.settings.checkpoint_every == 0 or self.step == self.total_steps:
+                last_ckpt = self.checkpoint()
+        bar.close()
+        wall = time.perf_counter() - t_start
+        metrics_path = curve_path = None
+        if main and self.metrics and not stopped:
+            metrics_path = self.out_dir / "metrics.json"
+            write_atomic_text(metrics_path, json.dumps(self.metrics))
+            curve_path = plot_training_curve(self.metrics, self.out_dir / "training_curve.png")
+        result = TrainResult(
+            steps=self.step, final=self.metrics[-1] if self.metrics else {}, metrics=self.metrics, checkpoint=last_ckpt,
+            metrics_path=metrics_path, curve_path=curve_path, tokens_per_s=tokens_run / wall if wall > 0 else 0.0,
+            data_share=data_time / step_time if step_time > 0 else 0.0, wall_s=wall, stopped_early=stopped,
+        )
+        result.summary = result.summarize()
+        return result
+
+
+def train(settings: TrainSettings, model: Eagle3Drafter, data, teacher: Teacher, out_dir: Path, *,
+          resume: bool = True, stop_after: int | None = None, on_metrics=None, **trainer_kw) -> TrainResult:
+    """Build a :class:`Trainer` and run it (see there)."""
+    trainer = Trainer(settings, model, data, teacher, out_dir, **trainer_kw)
+    return trainer.run(resume=resume, stop_after=stop_after, on_metrics=on_metrics)

@@ -1,0 +1,217 @@
+"""EAGLE-3 features from SGLang's own model code: a ``ModelRunner`` per tensor-parallel rank.
+
+This is the only module that imports ``sglang`` (pinned in the ``sglang`` extra: 0.5.14,
+the version SpecForge's offline capture is written against). Per rank it builds SGLang's
+``ModelRunner`` for the target (radix cache off, chunked prefill off, CUDA graphs off: a
+prefill-only pass over exact ids), asks the model for the aux layers through
+``set_eagle3_layers_to_capture``, and replaces every ``LogitsProcessor`` with
+:class:`CaptureHead`, which hands back the aux states and the final post-norm states of
+every token instead of computing logits. A batch is a hand-built ``ScheduleBatch`` of
+``Req`` objects in extend mode with ``CaptureHiddenMode.FULL``; every rank runs the same
+forward (the tensor-parallel collectives need them all) and gets the same full-width states.
+
+Nothing here can run without a GPU and an SGLang install: the pure parts
+(:func:`capture_server_args`, :func:`set_capture_layers`, :func:`replace_logits_processors`,
+:class:`CaptureHead`) are tested with stand-in modules, :class:`SGLangCapture` against
+stand-ins for the SGLang names it imports (0.5.14's signatures), and what stays unproven is
+listed in ``UNVERIFIED``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+SGLANG_VERSION = "0.5.14"
+
+# Server settings a capture cannot work without; a user's server_args may not change them.
+REQUIRED_SERVER_ARGS = {
+    "enable_return_hidden_states": True,
+    "disable_radix_cache": True,  # every token computed, none reused from a prefix cache
+    "chunked_prefill_size": -1,  # one extend pass per request, states returned whole
+    "disable_cuda_graph": True,  # graphs cover decode; capture is prefill only
+    "pp_size": 1,  # the last pipeline stage alone sees the final states
+}
+
+# What the SGLang path relies on that could not be executed here (no GPU, no sglang).
+UNVERIFIED = [
+    f"sglang=={SGLANG_VERSION}: ServerArgs(**capture_server_args(...)) validates; ModelConfig.from_server_args, then "
+    "ModelRunner(model_config=, mem_fraction_static=, gpu_id=, tp_rank=, tp_size=, moe_ep_rank=, moe_ep_size=, "
+    "pp_rank=0, pp_size=1, nccl_port=, server_args=) loads the weights (signatures read in the 0.5.14 source).",
+    "With torch.distributed already initialised by torchrun (env://, world == tp_size), ModelRunner's "
+    "init_distributed_environment skips init_process_group and builds SGLang's world and TP groups on top "
+    "(read in parallel_state.py: it checks torch.distributed.is_initialized()).",
+    "runner.alloc_memory_pool(), init_attention_backends(), init_cuda_graphs() is the complete set-up after __init__ "
+    "(EagerRunner is built in init_cuda_graphs; with disable_cuda_graph no graph is captured).",
+    "Req(rid, origin_input_text='', origin_input_ids=array('q', ids), sampling_params) + init_next_round_input(None) "
+    "+ fill_len = len(ids), then ScheduleBatch.init_new(..., tree_cache=ChunkCache(...), enable_overlap=False, "
+    "spec_algorithm=NONE).prepare_for_extend() builds one extend batch of exactly those ids (no BOS added).",
+    "batch.capture_hidden_mode = FULL before ForwardBatch.init_new reaches the model's logits processor call as "
+    "forward_batch, and the model passes (input_ids, post-norm hidden_states [N, H], lm_head, forward_batch, "
+    "aux_hidden_states list) to it (read in models/llama.py and models/deepseek_v2.py).",
+    "Under plain tensor parallelism (no DP attention) hidden_states and the aux states are replicated full-width on "
+    "every rank, so rank 0's copy is the whole answer.",
+    "The object CaptureHead returns passes through ModelRunner.forward unchanged as output.logits_output (no "
+    "post-processing touches next_token_logits in extend mode without MLP sync).",
+    "layers_to_capture indices mean 'the residual stream entering layer i' (hidden + residual before layer i) in "
+    "the models used; set_capture_layers forces [k + 1 for k in ids] after the model's own setter, whose +1 rule "
+    "differs between llama.py (always) and deepseek_v2.py (only when ids[0] == 1) in 0.5.14.",
+]
+
+
+def capture_server_args(model_path: str, *, tp_size: int, max_tokens: int, max_rows: int, dtype: str = "auto",
+                        trust_remote_code: bool = False, extra: dict | None = None) -> dict:
+    """``ServerArgs`` keywords for a prefill-only capture of exact ids on ``tp_size`` GPUs.
+
+    The KV pool holds one batch (``max_tokens``) and ``max_rows`` requests: the pass keeps
+    nothing between batches, so the rest of the memory goes to weights and activations.
+    """
+    extra = dict(extra or {})
+    clash = sorted(k for k in extra if k in REQUIRED_SERVER_ARGS and extra[k] != REQUIRED_SERVER_ARGS[k])
+    if clash:
+        raise ValueError(f"server_args {clash} would break the capture; they are fixed to "
+                         f"{ {k: REQUIRED_SERVER_ARGS[k] for k in clash} }")
+    args = {
+        "model_path": model_path,
+        "tp_size": int(tp_size),
+        "dtype": dtype,
+        "trust_remote_code": trust_remote_code,
+        "max_total_tokens": int(max_tokens),
+        "max_running_requests": int(max_rows),
+        "skip_tokenizer_init": True,  # ids in, nothing to detokenize
+        "log_level": "error",
+        **REQUIRED_SERVER_ARGS,
+    }
+    args.update(extra)
+    return args
+
+
+@dataclass
+class CapturedStates:
+    """What :class:`CaptureHead` returns in place of logits, for every token of the batch."""
+
+    aux: torch.Tensor  # [N, n_aux * H], the aux layers concatenated in capture order
+    last: torch.Tensor  # [N, H], the final post-norm states (the lm_head input)
+    next_token_logits: None = None  # the field SGLang's output type carries; never computed here
+
+
+class CaptureHead(nn.Module):
+    """Stands where the model's ``LogitsProcessor`` was: keeps the states, skips the lm_head."""
+
+    def __init__(self, replaced: nn.Module):
+        super().__init__()
+        self.replaced = replaced  # kept so the module tree (and weight names) stay as loaded
+
+    def forward(self, input_ids, hidden_states, lm_head, logits_metadata, aux_hidden_states=None, *args, **kwargs):
+        if not aux_hidden_states:
+            raise RuntimeError("the target returned no aux hidden states: set_eagle3_layers_to_capture did not take")
+        return CapturedStates(aux=torch.cat(list(aux_hidden_states), dim=-1), last=hidden_states)
+
+
+def replace_logits_processors(model: nn.Module, processor_type: type) -> int:
+    """Swap every ``processor_type`` submodule of ``model`` for a :class:`CaptureHead`."""
+    names = [name for name, m in model.named_modules() if isinstance(m, processor_type)]
+    if not names:
+        raise RuntimeError(f"{type(model).__name__} has no {processor_type.__name__} to replace")
+    for name in names:
+        if not name:
+            raise RuntimeError("the model itself is a logits processor")
+        parent, _, child = name.rpartition(".")
+        holder = model.get_submodule(parent) if parent else model
+        setattr(holder, child, CaptureHead(getattr(holder, child)))
+    return len(names)
+
+
+def set_capture_layers(model: nn.Module, layer_ids: Sequence[int]) -> list[int]:
+    """Capture the outputs of decoder layers ``layer_ids`` (this project's ids, SpecForge's).
+
+    Calls the model's ``set_eagle3_layers_to_capture`` (which switches the capture on), then
+    makes the decoder's ``layers_to_capture`` (indices of the layers whose *input* is kept)
+    exactly ``[k + 1 for k in layer_ids]``: SGLang's setters disagree on the +1 between
+    model families, and a silent one-layer shift trains a drafter on the wrong states.
+    """
+    setter = getattr(model, "set_eagle3_layers_to_capture", None)
+    if not callable(setter):
+        raise RuntimeError(f"{type(model).__name__} has no set_eagle3_layers_to_capture: SGLang cannot capture "
+                           "EAGLE-3 states for this architecture")
+    setter(list(layer_ids))
+    holders = [m for _, m in model.named_modules() if isinstance(getattr(m, "layers_to_capture", None), list)]
+    if len(holders) != 1:
+        raise RuntimeError(f"expected one decoder with layers_to_capture in {type(model).__name__}, found {len(holders)}")
+    wanted = [int(k) + 1 for k in layer_ids]
+    holders[0].layers_to_capture = wanted
+    return wanted
+
+
+class SGLangCapture:
+    """One tensor-parallel rank's SGLang model, capturing ``(aux, last)`` for batches of ids.
+
+    Build it on every rank of a torchrun job whose process group is already initialised
+    (see :mod:`eagle3_assets.hidden_states.tensor_parallel`) and call :meth:`capture` with
+    the same rows on every rank.
+    """
+
+    def __init__(self, model_path: str, *, layer_ids: Sequence[int], tp_rank: int, tp_size: int, gpu_id: int,
+                 max_tokens: int, max_rows: int, dtype: str = "auto", trust_remote_code: bool = False,
+                 server_args: dict | None = None, nccl_port: int = 0):
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.layers.logits_processor import LogitsProcessor
+        from sglang.srt.model_executor.model_runner import ModelRunner
+        from sglang.srt.server_args import ServerArgs
+
+        args = ServerArgs(**capture_server_args(model_path, tp_size=tp_size, max_tokens=max_tokens, max_rows=max_rows,
+                                                dtype=dtype, trust_remote_code=trust_remote_code, extra=server_args))
+        self.runner = ModelRunner(
+            model_config=ModelConfig.from_server_args(args), mem_fraction_static=args.mem_fraction_static,
+            gpu_id=gpu_id, tp_rank=tp_rank, tp_size=tp_size, moe_ep_rank=tp_rank // (tp_size // args.ep_size),
+            moe_ep_size=args.ep_size, pp_rank=0, pp_size=1, nccl_port=nccl_port, server_args=args,
+        )
+        self.runner.alloc_memory_pool()
+        self.runner.init_attention_backends()
+        self.runner.init_cuda_graphs()
+        self.layers_to_capture = set_capture_layers(self.runner.model, layer_ids)
+        replace_logits_processors(self.runner.model, LogitsProcessor)
+
+    @torch.no_grad()
+    def capture(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill ``rows`` exactly; (aux [sum T, 3H], last [sum T, H]) packed in row order."""
+        from array import array
+
+        from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.chunk_cache import ChunkCache
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        runner = self.runner
+        reqs = []
+        for i, row in enumerate(rows):
+            req = Req(rid=f"capture-{i}", origin_input_text="", origin_input_ids=array("q", row),
+                      sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0))
+            req.init_next_round_input(None)
+            req.fill_len = len(row)
+            reqs.append(req)
+        cache = ChunkCache(CacheInitParams(disable=True, req_to_token_pool=runner.req_to_token_pool,
+                                           token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
+                                           page_size=runner.server_args.page_size))
+        try:
+            batch = ScheduleBatch.init_new(reqs=reqs, req_to_token_pool=runner.req_to_token_pool,
+                                           token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
+                                           tree_cache=cache, model_config=runner.model_config, enable_overlap=False,
+                                           spec_algorithm=SpeculativeAlgorithm.NONE)
+            batch.prepare_for_extend()
+            if getattr(batch, "prefill_input_ids_cpu", None) is not None:  # staged on the CPU until the forward
+                batch.input_ids = batch.prefill_input_ids_cpu.to(batch.device, non_blocking=True)
+                batch.prefill_input_ids_cpu = None
+            batch.capture_hidden_mode = CaptureHiddenMode.FULL
+            out = runner.forward(ForwardBatch.init_new(batch, runner)).logits_output
+            if not isinstance(out, CapturedStates):
+                raise RuntimeError(f"SGLang's forward returned {type(out).__name__}, not the captured states")
+            return out.aux, out.last
+        finally:
+            runner.req_to_token_pool.clear()
+            runner.token_to_kv_pool_allocator.clear()

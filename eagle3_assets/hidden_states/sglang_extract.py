@@ -1,0 +1,157 @@
+"""Hidden states through SGLang with tensor parallelism: the ``torchrun`` entry point.
+
+    torchrun --nproc-per-node=<tp> -m eagle3_assets.hidden_states.sglang_extract --config job.json
+
+Each rank builds its share of the target in SGLang (``SGLangCapture``); rank 0 runs the
+same extraction as the local backend (``extract_corpus``: resume, batching by length,
+quarantine, shards, index and manifest) and every other rank mirrors its forwards
+(:mod:`~eagle3_assets.hidden_states.tensor_parallel`). One job is one tensor-parallel
+group (``WORLD_SIZE == tp_size``); datasets are partitions, so several GPU boxes extract
+several datasets at once. Launched by Dagster Pipes, rank 0 logs progress to the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from eagle3_assets.hidden_states import layers as hidden_layers
+from eagle3_assets.hidden_states.extract import ExtractionReport, extract_corpus
+from eagle3_assets.hidden_states.tensor_parallel import Group, LeaderExtractor, follow, init_tensor_parallel
+
+REPORT = "extraction-report.json"
+
+
+class SGLangExtractionJob(BaseModel):
+    """One extraction run; the asset writes it, every rank reads it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: str
+    corpus: str  # merged-corpus Parquet
+    out_dir: str  # the dataset's hidden-state directory
+    target: dict  # identity recorded in the manifest
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    layer_ids: list[int] | None = None  # None: the default aux layers
+    tp_size: int = Field(1, ge=1)
+    dtype: Literal["bf16", "fp8"] = "bf16"  # shard storage
+    shard_bytes: int = Field(1 << 30, ge=1)
+    batch_tokens: int = Field(16384, ge=1)  # tokens per forward (and the KV pool's size)
+    max_rows: int = Field(256, ge=1)  # requests per forward (the request pool's size)
+    retry_quarantined: bool = False
+    model_dtype: str = "auto"  # SGLang's --dtype
+    trust_remote_code: bool = False
+    server_args: dict = Field(default_factory=dict)  # further ServerArgs fields (e.g. mem_fraction_static)
+
+    @classmethod
+    def from_json(cls, path: Path | str) -> SGLangExtractionJob:
+        path = Path(path)
+        try:
+            return cls.model_validate_json(path.read_text())
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ValueError(f"{path}: field '{'.'.join(str(p) for p in first['loc'])}': {first['msg']}") from None
+
+
+def sglang_capture(job: SGLangExtractionJob, group: Group, layer_ids: list[int]):
+    """The real capture: this rank's SGLang model."""
+    from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
+
+    return SGLangCapture(job.model_path, layer_ids=layer_ids, tp_rank=group.rank, tp_size=group.world_size,
+                         gpu_id=group.local_rank, max_tokens=job.batch_tokens, max_rows=job.max_rows,
+                         dtype=job.model_dtype, trust_remote_code=job.trust_remote_code, server_args=job.server_args,
+                         nccl_port=int(os.environ.get("MASTER_PORT", "0"))).capture
+
+
+def describe(job: SGLangExtractionJob, layer_ids: list[int], backend: str) -> dict:
+    return {"target": job.target, "layers": hidden_layers.convention(layer_ids, job.num_layers),
+            "backend": f"{backend} tp{job.tp_size}"}
+
+
+def run_extraction(job: SGLangExtractionJob, capture_factory=sglang_capture, *, backend: str | None = None,
+                   progress=None) -> ExtractionReport | None:
+    """This rank's part of the job; rank 0 returns the report (and writes it beside the shards)."""
+    group = init_tensor_parallel(job.tp_size)
+    layer_ids = hidden_layers.resolve_layer_ids(job.num_layers, job.layer_ids)
+    capture = capture_factory(job, group, layer_ids)
+    if group.rank != 0:
+        follow(capture, group)
+        return None
+    if backend is None:
+        from eagle3_assets.hidden_states.sglang_capture import SGLANG_VERSION
+
+        backend = f"sglang-{SGLANG_VERSION}"
+    leader = LeaderExtractor(capture, group, hidden_size=job.hidden_size, vocab_size=job.vocab_size,
+                             max_rows=job.max_rows, describe=describe(job, layer_ids, backend))
+    try:
+        report = extract_corpus(job.corpus, job.out_dir, leader, dtype=job.dtype, shard_bytes=job.shard_bytes,
+                                batch_tokens=job.batch_tokens, retry_quarantined=job.retry_quarantined,
+                                progress=progress)
+    finally:
+        leader.stop()
+    path = Path(job.out_dir) / REPORT
+    path.write_text(json.dumps(asdict(report), indent=2))
+    return report
+
+
+def load_report(out_dir: Path | str) -> ExtractionReport:
+    return ExtractionReport(**json.loads((Path(out_dir) / REPORT).read_text()))
+
+
+def _factory(spec: str):
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Extract EAGLE-3 hidden states through SGLang (one TP group).")
+    ap.add_argument("--config", required=True, help="an SGLangExtractionJob as JSON")
+    ap.add_argument("--capture", default=None, help="module:function building the capture (default: SGLang's)")
+    args = ap.parse_args(argv)
+    try:
+        job = SGLangExtractionJob.from_json(args.config)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    factory = _factory(args.capture) if args.capture else sglang_capture
+    backend = None if args.capture is None else args.capture
+    pipes = None
+    if int(os.environ.get("RANK", "0")) == 0 and os.environ.get("DAGSTER_PIPES_CONTEXT"):
+        from dagster_pipes import open_dagster_pipes
+
+        pipes = open_dagster_pipes()
+    last = [time.monotonic()]
+
+    def progress(rep: ExtractionReport) -> None:
+        if pipes is not None and time.monotonic() - last[0] > 10:
+            last[0] = time.monotonic()
+            pipes.log.info(f"{rep.extracted} samples, {rep.tokens_extracted:,}/{rep.tokens_todo:,} tokens, "
+                           f"{rep.tokens_per_s:,.0f} tokens/s")
+
+    try:
+        if pipes is None:
+            run_extraction(job, factory, backend=backend, progress=progress)
+        else:
+            with pipes:
+                run_extraction(job, factory, backend=backend, progress=progress)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""The ``hidden_states`` asset's ``sglang`` backend: write the job, launch torchrun through Pipes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import dagster as dg
+
+from eagle3_assets.hidden_states.extract import ExtractionReport
+from eagle3_assets.hidden_states.sglang_extract import SGLangExtractionJob, load_report
+
+JOB_FILE = "sglang-job.json"
+CAPTURE_ENV = "EAGLE3_SGLANG_CAPTURE"  # module:function replacing SGLang's capture (CPU tests)
+
+
+def torchrun_command(job_path: Path, tp_size: int) -> list[str]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp_size}",
+               "-m", "eagle3_assets.hidden_states.sglang_extract", "--config", str(job_path)]
+    if os.environ.get(CAPTURE_ENV):
+        command += ["--capture", os.environ[CAPTURE_ENV]]
+    return command
+
+
+def launch_sglang_extraction(context: dg.AssetExecutionContext, config, spec, corpus: Path, out: Path) -> ExtractionReport:
+    """Extract ``corpus`` into ``out`` on ``config.tp_size`` GPUs; returns rank 0's report."""
+    text = spec.text_config
+    job = SGLangExtractionJob(
+        model_path=str(spec.model_dir), corpus=str(corpus), out_dir=str(out), target=spec.identity,
+        num_layers=int(text["num_hidden_layers"]), hidden_size=int(text["hidden_size"]),
+        vocab_size=int(text["vocab_size"]), layer_ids=config.layer_ids or None, tp_size=config.tp_size,
+        dtype=config.dtype, shard_bytes=config.shard_bytes, batch_tokens=config.batch_tokens,
+        retry_quarantined=config.retry_quarantined, trust_remote_code=spec.trust_remote_code,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    job_path = out.parent / f".{out.name}.{JOB_FILE}"
+    job_path.write_text(job.model_dump_json(indent=2))
+    command = torchrun_command(job_path, config.tp_size)
+    context.log.info(f"SGLang extraction on {config.tp_size} GPU(s): {' '.join(command)}")
+    dg.PipesSubprocessClient().run(context=context, command=command, env=dict(os.environ)).get_results()
+    return load_report(out)
