@@ -55,7 +55,7 @@ def test_batched_lengths_follow_kimis_template_and_thinking_switch(tmp_path_fact
     from eagle3_assets.tokens.tokenizer import TargetTokenizer
 
     tok = TargetTokenizer.load(build_kimi_test_tokenizer(tmp_path_factory.mktemp("kimi") / "Kimi-Test"),
-                               end_of_turn="<|im_end|>", thinking=thinking)
+                               end_of_turn="<|im_end|>", thinking=thinking, trust_remote_code=True)
     convs = [[{"role": "system", "content": "You are Kimi."}, {"role": "user", "content": "Hi"},
               {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "And now?"}],
              [{"role": "user", "content": "plain"}]]
