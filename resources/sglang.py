@@ -5,12 +5,16 @@ import dagster as dg
 
 class SGLangResource(dg.ConfigurableResource):
     """``POST /generate`` with locally rendered prompt ids; ``output_ids`` kept as returned.
-    Start the servers outside Dagster (or try `python -m eagle3_assets.testing.loopback sglang`)."""
+    Start the servers outside Dagster (or try `python -m eagle3_assets.testing.loopback sglang`).
+
+    ``max_in_flight_per_url`` is each server's own gate: a run keeps that many requests in flight
+    on every base URL, for all its datasets together."""
 
     base_urls: list[str] = ["http://127.0.0.1:30000"]
     api_key: str = ""  # only if the server was started with --api-key
     health_check: bool = True
     repair_prefix_bug: bool = True
+    max_in_flight_per_url: int = 256
     connections_per_client: int = 10
     read_timeout_s: float = 900.0
 
@@ -20,7 +24,10 @@ class SGLangResource(dg.ConfigurableResource):
         return SGLangBackend(self.base_urls, render_prompt, api_key=self.api_key or None,
                              health_check=self.health_check, repair_prefix_bug=self.repair_prefix_bug)
 
+    def default_in_flight(self) -> int:
+        return self.max_in_flight_per_url * max(1, len(self.base_urls))
+
     def client_config(self):
-        from eagle3_assets.generation.http_engine import ClientConfig
+        from eagle3_assets.generation.http_config import ClientConfig
 
         return ClientConfig(connections_per_client=self.connections_per_client, read_timeout_s=self.read_timeout_s)

@@ -130,6 +130,23 @@ class ResponseStore:
             out.append(record)
             out.sync()
 
+    @property
+    def last_run_path(self) -> Path:
+        return self.dir / "last_run.json"
+
+    def write_last_run(self, summary: dict) -> None:
+        """The dataset's last ``raw_responses`` figures (why samples are missing, among others)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.last_run_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, ensure_ascii=False, default=str, indent=1))
+        os.replace(tmp, self.last_run_path)
+
+    def last_run(self) -> dict | None:
+        try:
+            return json.loads(self.last_run_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
     def errors(self) -> list[dict]:
         return list(iter_jsonl(self.errors_path))
 
