@@ -73,6 +73,10 @@ def cmd_materialize(args) -> int:
     instance = _instance(layout)
     from eagle3_assets.launch import materialize_selection, report_result
     from eagle3_assets.partitions import datasets_partitions
+    from eagle3_assets.runs import recover_dead_runs
+
+    for run_id in recover_dead_runs(instance):  # their pool slots would hold this run's steps
+        print(f"run {run_id} was left started by a process that is gone: marked failed, its pool slots freed")
 
     if not instance.has_dynamic_partition(datasets_partitions.name, name):
         instance.add_dynamic_partitions(datasets_partitions.name, [name])
@@ -94,9 +98,9 @@ def cmd_backfill(args) -> int:
 
     names = [check_dataset_name(n) for n in args.datasets]
     assets = [a.strip() for a in args.assets.split(",") if a.strip()]
-    run_config = None
-    if args.max_new_tokens:
-        run_config = {"ops": {"raw_responses": {"config": {"max_new_tokens": args.max_new_tokens}}}}
+    generation = {k: v for k, v in [("max_new_tokens", args.max_new_tokens), ("backend", args.backend),
+                                    ("concurrency", args.concurrency), ("budget_policy", args.budget_policy)] if v}
+    run_config = {"ops": {"raw_responses": {"config": generation}}} if generation else None
     server = DagsterWebserver(args.url)
     try:
         for n in names:
@@ -105,7 +109,8 @@ def cmd_backfill(args) -> int:
     except WebserverError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"backfill {backfill_id}: {', '.join(names)} over {', '.join(assets)}\n"
+    print(f"backfill {backfill_id}: {', '.join(names)} over {', '.join(assets)}"
+          f"{' (' + ', '.join(f'{k}={v}' for k, v in generation.items()) + ')' if generation else ''}\n"
           f"  {args.url.rstrip('/')}/runs/b/{backfill_id}")
     if args.wait:
         status = server.wait_for_backfill(backfill_id, timeout=args.wait)
@@ -196,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated asset keys (default: prompts through merged_corpus)")
     p.add_argument("--url", default=os.environ.get("EAGLE3_DAGSTER_URL", "http://127.0.0.1:3000"))
     p.add_argument("--max-new-tokens", type=int, default=0, help="raw_responses max_new_tokens (default: its config)")
+    p.add_argument("--backend", choices=["local", "sglang", "openrouter"], help="raw_responses backend (default: local)")
+    p.add_argument("--concurrency", type=int, default=0,
+                   help="HTTP backends: requests in flight for all the datasets together (default: the resource's)")
+    p.add_argument("--budget-policy", choices=["expected", "strict"], help="token budget admission (default: expected)")
     p.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the backfill to finish")
     p.set_defaults(fn=cmd_backfill)
     p = sub.add_parser("export", help="print a recipe's drafter exports and validate the SGLang one")

@@ -85,4 +85,27 @@ def corpus_integrity(context: dg.AssetCheckExecutionContext, storage: StorageRes
     )
 
 
-CORPUS_CHECKS = [token_budget, truncation_rate, corpus_integrity]
+@dg.asset_check(asset=inventory, partitions_def=datasets_partitions, pool="duckdb",
+                description="Every prompt has a response; lists the ones that do not, with why (a warning, not a gate).")
+def responses_complete(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
+    dataset = context.partition_key
+    with storage.query() as con:
+        has_table = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'meta' "
+                                "AND table_name = 'unanswered'").fetchone()[0]
+        if not has_table:
+            return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
+                                       description="no unanswered-prompt table yet")
+        by_reason = query_rows(con, "SELECT reason, count(*) AS prompts FROM meta.unanswered WHERE dataset = ? "
+                               "GROUP BY reason ORDER BY prompts DESC, reason", [dataset])
+        sample = query_rows(con, "SELECT prompt_id, reason, detail FROM meta.unanswered WHERE dataset = ? "
+                            "ORDER BY prompt_id LIMIT ?", [dataset, SAMPLE])
+    n = sum(r["prompts"] for r in by_reason)
+    reasons = ", ".join(f"{r['reason']}: {r['prompts']}" for r in by_reason)
+    return dg.AssetCheckResult(
+        passed=n == 0, severity=dg.AssetCheckSeverity.WARN,
+        description=f"{n} prompts without a response ({reasons})" if n else "every prompt has a response",
+        metadata={"unanswered": n, "by_reason": md_table(by_reason), "prompts": md_table(sample)},
+    )
+
+
+CORPUS_CHECKS = [token_budget, truncation_rate, corpus_integrity, responses_complete]

@@ -7,12 +7,13 @@ Two policies, chosen per dataset:
   (``max_tokens`` of 16-32k, mean ~3k) that caps a 2,000 gate at a few hundred from the start.
 * ``expected`` (default) - a request holds the tokens it is *expected* to produce, learned from the
   dataset's finished replies (on disk and in this run), and one more is admitted while
-  ``used + held + its estimate + z * sqrt(variance held)`` fits the budget. A request that has been
-  in flight for a while is re-estimated from the replies that took at least as long (long replies
-  take longer, so the requests still running at the end are the long ones), and holds
-  ``max_tokens`` when too few replies ever took that long. Until ``min_rows`` replies are known the
-  policy is strict. The gate stays full until the projected total meets the budget; the margin
-  makes an overshoot beyond a few replies' worth improbable, and the report states the real one.
+  ``used + held + its estimate + spread`` fits the budget plus a small tolerance (0.5%); the spread
+  is ``z`` standard deviations of everything held, or a lone long reply's excess when few requests
+  are in flight. A request that has been in flight for a while is re-estimated from the replies
+  that took at least as long (long replies take longer, so the requests still running at the end
+  are the long ones); beyond the longest replies seen it is estimated like them. Until ``min_rows``
+  replies are known the policy is strict. The gate stays full until the projected total meets the
+  budget; the report states the realized overshoot.
 """
 
 from __future__ import annotations
@@ -31,11 +32,16 @@ POLICIES = ("expected", "strict")
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
-    """Per-dataset choice: ``kind`` one of POLICIES; ``z`` the safety margin in standard deviations of
-    the tokens held; ``min_rows`` replies needed before estimates replace ``max_tokens``."""
+    """Per-dataset choice: ``kind`` one of POLICIES. For ``expected``: one more request is admitted
+    while ``used + held + its estimate + spread <= budget * (1 + tolerance)``, where ``spread`` is the
+    larger of ``z`` standard deviations of everything held (many requests in flight) and the excess of
+    a ``tail_quantile`` reply over the mean (few requests in flight, at the end); ``min_rows`` replies
+    are needed before estimates replace ``max_tokens``."""
 
     kind: str = "expected"
-    z: float = 3.0
+    z: float = 2.0
+    tail_quantile: float = 0.99  # a lone reply can run to this quantile of the lengths seen
+    tolerance: float = 0.005  # share of the budget an expected-policy run may end above it
     min_rows: int = 16
     min_tail: int = 8  # replies at least as long-running as a request, to re-estimate it by its age
     refresh_s: float = 0.25
@@ -56,6 +62,7 @@ class LengthStats:
         self._suffix_n = np.zeros(1)
         self._suffix_sum = np.zeros(1)
         self._suffix_sq = np.zeros(1)
+        self._tokens_sorted = np.zeros(0)
 
     def add(self, latency_s: float | None, tokens: int) -> None:
         self._pairs.append((float(latency_s) if latency_s is not None else 0.0, float(tokens)))
@@ -73,7 +80,14 @@ class LengthStats:
         self._suffix_n = np.arange(len(lat), -1, -1, dtype=np.float64)
         self._suffix_sum = np.concatenate([np.cumsum(tok[::-1])[::-1], [0.0]])
         self._suffix_sq = np.concatenate([np.cumsum((tok * tok)[::-1])[::-1], [0.0]])
+        self._tokens_sorted = np.sort(tok)
         self._dirty = False
+
+    def quantile(self, q: float) -> float:
+        self._rebuild()
+        if not len(self._tokens_sorted):
+            return 0.0
+        return float(self._tokens_sorted[min(len(self._tokens_sorted) - 1, int(q * len(self._tokens_sorted)))])
 
     def overall(self) -> tuple[float, float]:
         """Mean and variance of every kept reply's tokens."""
@@ -85,12 +99,14 @@ class LengthStats:
         return mean, max(0.0, self._suffix_sq[0] / n - mean * mean)
 
     def given_ages(self, ages: np.ndarray, min_tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per age: mean and variance of the tokens of replies that took at least that long, and
-        whether enough such replies exist to trust them."""
+        """Per age: mean and variance of the tokens of replies that took at least that long (for ages
+        beyond all but ``min_tail`` replies: of those ``min_tail`` longest-running ones), and whether
+        enough replies are known at all to trust that."""
         self._rebuild()
-        idx = np.searchsorted(self._lat, ages, side="left")
+        last = max(0, len(self._lat) - min_tail)
+        idx = np.minimum(np.searchsorted(self._lat, ages, side="left"), last)
         n = self._suffix_n[idx]
-        known = n >= min_tail
+        known = np.full(len(ages), len(self._lat) >= min_tail)
         safe_n = np.where(n > 0, n, 1.0)
         mean = self._suffix_sum[idx] / safe_n
         var = np.maximum(0.0, self._suffix_sq[idx] / safe_n - mean * mean)
@@ -145,8 +161,12 @@ class BudgetGate:
     def _fits(self, est: float, var: float) -> bool:
         if self.policy.kind == "strict":
             return self.budget.used + self.held + self.max_tokens <= self.budget.limit
-        margin = self.policy.z * math.sqrt(self.held_var + var) if self.learned else 0.0
-        return self.budget.used + self.held + est + margin <= self.budget.limit
+        if not self.learned:
+            return self.budget.used + self.held + est <= self.budget.limit
+        p = self.policy
+        tail = min(self.stats.quantile(p.tail_quantile), float(self.max_tokens)) - est
+        spread = max(p.z * math.sqrt(self.held_var + var), tail)
+        return self.budget.used + self.held + est + spread <= self.budget.limit * (1.0 + p.tolerance)
 
     def try_admit(self, now: float | None = None) -> Reservation | None:
         now = time.monotonic() if now is None else now
