@@ -7,7 +7,7 @@ Two policies, chosen per dataset:
   (``max_tokens`` of 16-32k, mean ~3k) that caps a 2,000 gate at a few hundred from the start.
 * ``expected`` (default) - a request holds the tokens it is *expected* to produce, learned from the
   dataset's finished replies (on disk and in this run), and one more is admitted while
-  ``used + held + its estimate + spread`` fits the budget plus a small tolerance (0.5%); the spread
+  ``used + held + its estimate + spread`` fits the budget (plus ``tolerance``, 0 by default); the spread
   is ``z`` standard deviations of everything held, or a lone long reply's excess when few requests
   are in flight. A request that has been in flight for a while is re-estimated from the replies
   that took at least as long (long replies take longer, so the requests still running at the end
@@ -41,7 +41,7 @@ class AdmissionPolicy:
     kind: str = "expected"
     z: float = 2.0
     tail_quantile: float = 0.99  # a lone reply can run to this quantile of the lengths seen
-    tolerance: float = 0.005  # share of the budget an expected-policy run may end above it
+    tolerance: float = 0.0  # share of the budget an expected-policy run may end above it
     min_rows: int = 16
     min_tail: int = 8  # replies at least as long-running as a request, to re-estimate it by its age
     refresh_s: float = 0.25

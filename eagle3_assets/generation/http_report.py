@@ -55,7 +55,7 @@ class HttpGenerationReport:
     elapsed_s: float = 0.0
     in_flight_peak: int = 0
     in_flight_mean: float = 0.0  # time-weighted, while work was waiting to be admitted
-    full_gate_share: float = 0.0  # share of that time with at least 95% of the gate in flight
+    full_gate_share: float = 0.0  # share of that time with at least 95% of the gate held by admitted samples
     budget_policy: str = "expected"
     budget_limit: int = 0
     budget_used: int = 0

@@ -70,12 +70,14 @@ class Waiters:
 
 
 class GateMeter:
-    """Requests in flight over time: peak, time-weighted mean and the share of time the gate was
-    full, measured while samples were still waiting to be admitted."""
+    """The gate over time, while samples were still waiting to be admitted: requests in flight on
+    the wire (peak, time-weighted mean) and samples holding a place in the gate (admitted and not
+    finished: in flight, being written, or backing off before a retry), whose share of time at 95%
+    or more of the gate is what a budget policy may not take away."""
 
     def __init__(self, gate: int):
         self.gate = gate
-        self.now = self.peak = 0
+        self.now = self.peak = self.held = 0
         self.t0 = self._t = time.monotonic()
         self.area = self.full = 0.0
         self.closed_at: float | None = None
@@ -85,7 +87,7 @@ class GateMeter:
         if self.closed_at is None:
             dt = t - self._t
             self.area += self.now * dt
-            if self.now >= FULL_GATE * self.gate:
+            if self.held >= FULL_GATE * self.gate:
                 self.full += dt
         self._t = t
 
@@ -93,6 +95,10 @@ class GateMeter:
         self._tick()
         self.now += delta
         self.peak = max(self.peak, self.now)
+
+    def hold(self, delta: int) -> None:
+        self._tick()
+        self.held += delta
 
     def close(self) -> None:
         if self.closed_at is None:
@@ -305,9 +311,11 @@ class EngineRun:
             if got is None:
                 return
             lane, req, res = got
+            self.meter.hold(+1)
             try:
                 await self.process(lane, req, res, client, base_url)
             finally:
+                self.meter.hold(-1)
                 if res.open:  # stopped or cancelled mid-request: give the reservation back
                     res.release()
                     self.waiters.wake()
