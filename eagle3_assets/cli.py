@@ -93,7 +93,11 @@ def cmd_materialize(args) -> int:
 
 
 def cmd_backfill(args) -> int:
-    """A partition backfill submitted to a running webserver (its daemon runs it)."""
+    """A partition backfill submitted to a running webserver (its daemon runs it).
+
+    ``raw_responses`` runs every selected dataset in one step, but only the partitions whose
+    prompts are materialized when the daemon looks; so when ``prompts`` is selected too, the prompts
+    are backfilled first and generation after them, in one run and one in-flight gate."""
     from eagle3_assets.graphql_client import DagsterWebserver, WebserverError
 
     names = [check_dataset_name(n) for n in args.datasets]
@@ -101,22 +105,30 @@ def cmd_backfill(args) -> int:
     generation = {k: v for k, v in [("max_new_tokens", args.max_new_tokens), ("backend", args.backend),
                                     ("concurrency", args.concurrency), ("budget_policy", args.budget_policy)] if v}
     run_config = {"ops": {"raw_responses": {"config": generation}}} if generation else None
+    stages = [["prompts"], [a for a in assets if a != "prompts"]] \
+        if "prompts" in assets and "raw_responses" in assets and len(assets) > 1 else [assets]
     server = DagsterWebserver(args.url)
+    status = None
     try:
         for n in names:
             server.add_partition(n)
-        backfill_id = server.launch_backfill(names, assets, run_config)
+        for i, stage in enumerate(stages):
+            backfill_id = server.launch_backfill(names, stage, run_config if "raw_responses" in stage else None)
+            print(f"backfill {backfill_id}: {', '.join(names)} over {', '.join(stage)}"
+                  f"{' (' + ', '.join(f'{k}={v}' for k, v in generation.items()) + ')' if generation else ''}\n"
+                  f"  {args.url.rstrip('/')}/runs/b/{backfill_id}", flush=True)
+            if i + 1 < len(stages) or args.wait:
+                if i + 1 < len(stages):
+                    print("  waiting for the prompts, so that generation serves every dataset in one run", flush=True)
+                status = server.wait_for_backfill(backfill_id, timeout=args.wait or 900)
+                failed = [r["runId"] for r in status["runs"] if r["status"] != "SUCCESS"]
+                print(f"backfill {backfill_id} {status['status']}: {len(status['runs'])} run(s), "
+                      f"{len(failed)} not successful")
+                if failed:
+                    return 1
     except WebserverError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"backfill {backfill_id}: {', '.join(names)} over {', '.join(assets)}"
-          f"{' (' + ', '.join(f'{k}={v}' for k, v in generation.items()) + ')' if generation else ''}\n"
-          f"  {args.url.rstrip('/')}/runs/b/{backfill_id}")
-    if args.wait:
-        status = server.wait_for_backfill(backfill_id, timeout=args.wait)
-        failed = [r["runId"] for r in status["runs"] if r["status"] != "SUCCESS"]
-        print(f"backfill {backfill_id} {status['status']}: {len(status['runs'])} run(s), {len(failed)} not successful")
-        return 1 if failed else 0
     return 0
 
 

@@ -16,6 +16,7 @@ class Observer:
         self.reset()
 
     def reset(self) -> None:
+        self.first_request_at: float | None = None
         self.deliveries: list[tuple[str, float]] = []
         self.active: Counter = Counter()
         self.group_peaks: Counter = Counter()
@@ -23,6 +24,8 @@ class Observer:
         self.seen_groups: set = set()
 
     def enter(self, body) -> str | None:
+        if self.first_request_at is None:
+            self.first_request_at = time.time()
         if self.group_of is None:
             return None
         try:
@@ -46,6 +49,8 @@ class Observer:
 
     def stats(self) -> dict:
         return {
+            "first_request_at": self.first_request_at,
+            "last_delivery_at": max((t for _, t in self.deliveries), default=None),
             "deliveries": [[k, t] for k, t in self.deliveries],
             "groups_seen": sorted(self.seen_groups),
             "groups_at_once_peak": self.groups_at_once_peak,
