@@ -111,12 +111,15 @@ def phase_engine_alone(args, url: str, names: list[str], root: Path) -> dict:
     backend = OpenRouterBackend(KEY, "moonshotai/kimi-k2.5", base_url=url + "/api/v1")
     settings = EngineSettings(concurrency=args.concurrency, max_tokens=args.max_tokens, progress_every_s=30.0)
     server_reset(url)
+    billed_before = server_stats(url)["billed_usd"]
     t0 = time.time()
     run = generate_datasets([p.job() for p in preps], backend, sampling=sampling, settings=settings,
                             progress=lambda p: print("   engine:", p.line(), flush=True))
     t1 = time.time()
     stats = server_stats(url)
-    return {"wall_s": t1 - t0, "t0": t0, "stats": stats, "datasets": dataset_figures(layout, names, args.budget),
+    stats["billed_usd"] -= billed_before  # the server's bill is cumulative
+    return {"wall_s": t1 - t0, "done_s": t1 - t0, "t0": t0, "stats": stats,
+            "datasets": dataset_figures(layout, names, args.budget),
             "reported_billed_usd": run.billed_usd, "reported_kept_usd": run.cost_usd}
 
 
@@ -148,19 +151,23 @@ def phase_user(args, url: str, names: list[str], root: Path) -> dict:
                           "dataset_settings": {"config": {"default_budget_tokens": args.budget}}},
         }
         server_reset(url)
+        billed_before = server_stats(url)["billed_usd"]
         t0 = time.time()
         backfill_id = server.launch_backfill(names, ["raw_responses"], run_config, title="seed replay")
         status = server.wait_for_backfill(backfill_id, timeout=args.timeout, poll=0.5)
         t1 = time.time()
         stats = server_stats(url)
+        stats["billed_usd"] -= billed_before
         runs = [instance.get_run_by_id(r["runId"]) for r in status["runs"]]
+        runs_done = max(instance.get_run_stats(r.run_id).end_time or t1 for r in runs)
         mats = {}
         for run in runs:
             for rec in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
                 m = rec.dagster_event.event_specific_data.materialization
                 mats[m.partition] = {k: v.value for k, v in m.metadata.items()
                                      if k in ("new_responses", "billed_usd_new", "cost_usd_new", "budget_overshoot")}
-        return {"wall_s": t1 - t0, "t0": t0, "status": status["status"], "runs": len(runs), "stats": stats,
+        return {"wall_s": t1 - t0, "done_s": runs_done - t0, "t0": t0, "status": status["status"], "runs": len(runs),
+                "stats": stats,
                 "datasets": dataset_figures(layout, names, args.budget), "metadata": mats,
                 "reported_billed_usd": sum(m.get("billed_usd_new", 0.0) for m in mats.values()),
                 "reported_kept_usd": sum(m.get("cost_usd_new", 0.0) for m in mats.values())}
@@ -199,16 +206,17 @@ def report(args, alone: dict, user: dict) -> None:
     def window(phase):
         s = phase["stats"]
         first, last = s["first_request_at"], s["last_delivery_at"]
-        return first - phase["t0"], last - first, phase["t0"] + phase["wall_s"] - last
+        return first - phase["t0"], last - first, phase["t0"] + phase["done_s"] - last
 
     print(f"\n=== seed replay: {args.datasets} datasets x {args.prompts} prompts, {args.concurrency} in flight, "
           f"budget {args.budget:,} tokens each ({args.policy}), max_tokens {args.max_tokens}")
     print(f"{'':28}{'engine alone':>16}{'backfill (UI)':>16}")
-    print(f"{'wall time, s':28}{alone['wall_s']:>16.1f}{user['wall_s']:>16.1f}")
+    print(f"{'wall time to data, s':28}{alone['done_s']:>16.1f}{user['done_s']:>16.1f}")
     a_w, u_w = window(alone), window(user)
     for label, i in [("  launch -> first request", 0), ("  first request -> last reply", 1),
-                     ("  last reply -> complete", 2)]:
+                     ("  last reply -> run ended", 2)]:
         print(f"{label:28}{a_w[i]:>16.1f}{u_w[i]:>16.1f}")
+    print(f"{'backfill marked complete, s':28}{'':>16}{user['wall_s']:>16.1f}")
     for ph, (_, span, _) in ((alone, a_w), (user, u_w)):  # time-weighted, first request to last reply
         ph["stats"]["mean_in_flight"] = ph["stats"]["concurrency_area"] / span if span > 0 else 0.0
     for label, key, fmt in [("server in flight, peak", "concurrency_peak", "{:>16d}"),
@@ -220,13 +228,15 @@ def report(args, alone: dict, user: dict) -> None:
                ("dollars billed (reported)", lambda p: p["reported_billed_usd"]),
                ("dollars kept (rows)", lambda p: sum(d["kept_usd"] for d in p["datasets"].values()))]
     for label, val in dollars:
-        print(f"{label:28}{val(alone):>16.4f}{val(user):>16.4f}")
-    print(f"\nratio backfill / engine alone: {user['wall_s'] / alone['wall_s']:.2f}x (target <= 1.3); "
+        print(f"{label:28}{val(alone):>16.6f}{val(user):>16.6f}")
+    print(f"\nratio backfill / engine alone (launch to data): {user['done_s'] / alone['done_s']:.2f}x (target <= 1.3); "
           f"generation window only: {u_w[1] / a_w[1]:.2f}x; backfill {user['status']} in {user['runs']} run(s)")
-    print(f"\n{'dataset':12}{'alone: tokens':>16}{'/ budget':>10}{'backfill: tokens':>18}{'/ budget':>10}{'rows':>8}")
+    print(f"\n{'dataset':10}{'alone: tokens':>15}{'/ budget':>10}{'rows':>7}{'backfill: tokens':>18}{'/ budget':>10}"
+          f"{'rows':>7}{'billed $':>11}{'kept $':>11}")
     for ds in sorted(alone["datasets"]):
         a, u = alone["datasets"][ds], user["datasets"][ds]
-        print(f"{ds:12}{a['tokens']:>16,}{a['ratio']:>10.4f}{u['tokens']:>18,}{u['ratio']:>10.4f}{u['rows']:>8}")
+        print(f"{ds:10}{a['tokens']:>15,}{a['ratio']:>10.4f}{a['rows']:>7}{u['tokens']:>18,}{u['ratio']:>10.4f}"
+              f"{u['rows']:>7}{u['billed_usd']:>11.5f}{u['kept_usd']:>11.5f}")
 
 
 def main() -> int:

@@ -11,7 +11,9 @@ Two policies, chosen per dataset:
   is ``z`` standard deviations of everything held, or a lone long reply's excess when few requests
   are in flight. A request that has been in flight for a while is re-estimated from the replies
   that took at least as long (long replies take longer, so the requests still running at the end
-  are the long ones); beyond the longest replies seen it is estimated like them. Until ``min_rows``
+  are the long ones), and holds ``max_tokens`` when fewer than ``min_tail`` replies ever took as
+  long. A new request is expected to hold the mean over the finished replies and those in flight,
+  so early in a run, while only the short replies are back, estimates stay high. Until ``min_rows``
   replies are known the policy is strict. The gate stays full until the projected total meets the
   budget; the report states the realized overshoot.
 """
@@ -89,6 +91,11 @@ class LengthStats:
             return 0.0
         return float(self._tokens_sorted[min(len(self._tokens_sorted) - 1, int(q * len(self._tokens_sorted)))])
 
+    @property
+    def window(self) -> int:
+        """Replies the estimates are computed from (the most recent ``keep``)."""
+        return len(self._pairs)
+
     def overall(self) -> tuple[float, float]:
         """Mean and variance of every kept reply's tokens."""
         self._rebuild()
@@ -99,14 +106,12 @@ class LengthStats:
         return mean, max(0.0, self._suffix_sq[0] / n - mean * mean)
 
     def given_ages(self, ages: np.ndarray, min_tail: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per age: mean and variance of the tokens of replies that took at least that long (for ages
-        beyond all but ``min_tail`` replies: of those ``min_tail`` longest-running ones), and whether
-        enough replies are known at all to trust that."""
+        """Per age: mean and variance of the tokens of replies that took at least that long, and
+        whether at least ``min_tail`` replies did (if not, nothing is known about such a request)."""
         self._rebuild()
-        last = max(0, len(self._lat) - min_tail)
-        idx = np.minimum(np.searchsorted(self._lat, ages, side="left"), last)
+        idx = np.searchsorted(self._lat, ages, side="left")
         n = self._suffix_n[idx]
-        known = np.full(len(ages), len(self._lat) >= min_tail)
+        known = n >= min_tail
         safe_n = np.where(n > 0, n, 1.0)
         mean = self._suffix_sum[idx] / safe_n
         var = np.maximum(0.0, self._suffix_sq[idx] / safe_n - mean * mean)
@@ -153,9 +158,14 @@ class BudgetGate:
         return self.policy.kind == "expected" and self.stats.count >= self.policy.min_rows
 
     def _estimate_new(self) -> tuple[float, float]:
+        """The finished replies are the short ones early in a run (long replies take longer), so the
+        requests in flight count too, at what they are expected to hold: until the long ones have
+        come back, a new request is expected to be long."""
         if not self.learned:
             return float(self.max_tokens), 0.0
         mean, var = self.stats.overall()
+        n = self.stats.window
+        mean = (mean * n + self.held) / (n + len(self.open))
         return min(mean, float(self.max_tokens)), var
 
     def _fits(self, est: float, var: float) -> bool:
