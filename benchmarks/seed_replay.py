@@ -4,7 +4,7 @@ user launches it, against the engine alone on the same prompts and the same in-f
 Both sides talk to one loopback OpenRouter server in its own process (synthetic replies:
 log-normal lengths, an exponential latency plus a per-token time so a reply takes ~3 s, and faults
 on: 429, 502, dropped connections, replies billed then dropped, heartbeats). Every dataset has a
-token budget that binds before its prompts run out (the default ``expected`` policy).
+token budget (``--budget-share`` makes it bind before its prompts run out; policy ``expected``).
 
 1. **engine alone**: :func:`run_datasets` in this process, every dataset through one gate;
 2. **as a user**: ``dagster dev`` (webserver + daemon) on a fresh instance, then a backfill of
@@ -12,12 +12,13 @@ token budget that binds before its prompts run out (the default ``expected`` pol
    ``eagle3 backfill`` send), timed from the launch until the backfill is complete.
 
 Printed: wall times and their ratio (target <= 1.3), the user path broken into launch -> first
-request -> last reply -> backfill complete, the peak and mean in flight the server saw and how many
+request -> last reply -> run ended, the peak and mean in flight the server saw and how many
 datasets it saw at once, each dataset's final tokens against its budget, and dollars billed by
 the server against dollars kept in rows and reported in the metadata.
 
     .venv/bin/python benchmarks/seed_replay.py                       # 8 x 500 prompts, 2,000 in flight
-    .venv/bin/python benchmarks/seed_replay.py --prompts 2500        # the fixed launch cost amortized
+    # the original job's shape: each dataset ~12 waves of its 250-request share, budgets binding
+    .venv/bin/python benchmarks/seed_replay.py --prompts 3000 --budget-share 0.8
 """
 
 from __future__ import annotations
@@ -249,14 +250,14 @@ def main() -> int:
     p.add_argument("--median", type=float, default=120, help="median reply length, tokens (log-normal)")
     p.add_argument("--sigma", type=float, default=0.8, help="log-normal spread of reply lengths")
     p.add_argument("--max-tokens", type=int, default=1024)
-    p.add_argument("--budget", type=int, default=0, help="tokens per dataset (default: ~80%% of what its prompts need)")
+    p.add_argument("--budget-share", type=float, default=0.0,
+                   help="each dataset's token budget as a share of what its prompts need (0: the default 10M, never binding)")
     p.add_argument("--policy", choices=["expected", "strict"], default="expected")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args()
-    if not args.budget:
-        mean = args.median * math.exp(args.sigma ** 2 / 2)
-        args.budget = int(0.8 * args.prompts * mean)
+    mean = args.median * math.exp(args.sigma ** 2 / 2)
+    args.budget = int(args.budget_share * args.prompts * mean) if args.budget_share else 10_000_000
     names = [f"set{i}" for i in range(args.datasets)]
     tmp = Path(tempfile.mkdtemp(prefix="seed-replay-"))
     server, url = start_server(args)
