@@ -151,16 +151,25 @@ def phase_user(args, url: str, names: list[str], root: Path) -> dict:
             "resources": {"openrouter": {"config": {"base_url": url + "/api/v1"}},
                           "dataset_settings": {"config": {"default_budget_tokens": args.budget}}},
         }
+        if args.executor:
+            run_config["execution"] = {"config": {args.executor: {}}}
         server_reset(url)
         billed_before = server_stats(url)["billed_usd"]
         t0 = time.time()
         backfill_id = server.launch_backfill(names, ["raw_responses"], run_config, title="seed replay")
-        status = server.wait_for_backfill(backfill_id, timeout=args.timeout, poll=0.5)
+        status = server.wait_for_backfill(backfill_id, timeout=args.timeout, poll=5.0)  # light on the webserver
         t1 = time.time()
         stats = server_stats(url)
         stats["billed_usd"] -= billed_before
         runs = [instance.get_run_by_id(r["runId"]) for r in status["runs"]]
         runs_done = max(instance.get_run_stats(r.run_id).end_time or t1 for r in runs)
+        first_run = min(runs, key=lambda r: instance.get_run_record_by_id(r.run_id).create_timestamp.timestamp())
+        created = instance.get_run_record_by_id(first_run.run_id).create_timestamp.timestamp()
+        started = instance.get_run_stats(first_run.run_id).start_time or created
+        step = next((rec.timestamp for rec in instance.all_logs(first_run.run_id, of_type=dg.DagsterEventType.STEP_START)),
+                    started)
+        launch = {"daemon created the run": created - t0, "run worker started": started - created,
+                  "step started": step - started, "step setup to first request": stats["first_request_at"] - step}
         mats = {}
         for run in runs:
             for rec in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
@@ -168,7 +177,7 @@ def phase_user(args, url: str, names: list[str], root: Path) -> dict:
                 mats[m.partition] = {k: v.value for k, v in m.metadata.items()
                                      if k in ("new_responses", "billed_usd_new", "cost_usd_new", "budget_overshoot")}
         return {"wall_s": t1 - t0, "done_s": runs_done - t0, "t0": t0, "status": status["status"], "runs": len(runs),
-                "stats": stats,
+                "stats": stats, "launch": launch,
                 "datasets": dataset_figures(layout, names, args.budget), "metadata": mats,
                 "reported_billed_usd": sum(m.get("billed_usd_new", 0.0) for m in mats.values()),
                 "reported_kept_usd": sum(m.get("cost_usd_new", 0.0) for m in mats.values())}
@@ -218,6 +227,7 @@ def report(args, alone: dict, user: dict) -> None:
                      ("  last reply -> run ended", 2)]:
         print(f"{label:28}{a_w[i]:>16.1f}{u_w[i]:>16.1f}")
     print(f"{'backfill marked complete, s':28}{'':>16}{user['wall_s']:>16.1f}")
+    print("  the user path's launch: " + ", ".join(f"{k} {v:.1f} s" for k, v in user["launch"].items()))
     for ph, (_, span, _) in ((alone, a_w), (user, u_w)):  # time-weighted, first request to last reply
         ph["stats"]["mean_in_flight"] = ph["stats"]["concurrency_area"] / span if span > 0 else 0.0
     for label, key, fmt in [("server in flight, peak", "concurrency_peak", "{:>16d}"),
@@ -254,6 +264,8 @@ def main() -> int:
                    help="each dataset's token budget as a share of what its prompts need (0: the default 10M, never binding)")
     p.add_argument("--policy", choices=["expected", "strict"], default="expected")
     p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--executor", choices=["in_process", "multiprocess", ""], default="in_process",
+                   help="the run's executor (eagle3 backfill sends in_process for a generation-only backfill)")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args()
     mean = args.median * math.exp(args.sigma ** 2 / 2)

@@ -104,7 +104,8 @@ def cmd_backfill(args) -> int:
     assets = [a.strip() for a in args.assets.split(",") if a.strip()]
     generation = {k: v for k, v in [("max_new_tokens", args.max_new_tokens), ("backend", args.backend),
                                     ("concurrency", args.concurrency), ("budget_policy", args.budget_policy)] if v}
-    run_config = {"ops": {"raw_responses": {"config": generation}}} if generation else None
+    # generation is one step per run: in-process spares the step its own Python process
+    run_config = {"ops": {"raw_responses": {"config": generation}}, "execution": {"config": {"in_process": {}}}}
     stages = [["prompts"], [a for a in assets if a != "prompts"]] \
         if "prompts" in assets and "raw_responses" in assets and len(assets) > 1 else [assets]
     server = DagsterWebserver(args.url)
