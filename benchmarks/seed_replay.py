@@ -106,20 +106,21 @@ def dataset_figures(layout: DataLayout, names: list[str], budget: int) -> dict:
 def phase_engine_alone(args, url: str, names: list[str], root: Path) -> dict:
     layout = DataLayout(root)
     write_datasets(layout, names, args.prompts)
+    server_reset(url)
+    billed_before = server_stats(url)["billed_usd"]
+    load = os.getloadavg()[0]
+    t0 = time.time()  # from here on, what the asset does too: plan every dataset, then generate
     sampling = SamplingSettings(target="bench")
     preps = [prepare_dataset(layout, ds, sampling, source="openrouter", budget_tokens=args.budget,
                              policy=AdmissionPolicy(args.policy), max_tokens=args.max_tokens) for ds in names]
     backend = OpenRouterBackend(KEY, "moonshotai/kimi-k2.5", base_url=url + "/api/v1")
     settings = EngineSettings(concurrency=args.concurrency, max_tokens=args.max_tokens, progress_every_s=30.0)
-    server_reset(url)
-    billed_before = server_stats(url)["billed_usd"]
-    t0 = time.time()
     run = generate_datasets([p.job() for p in preps], backend, sampling=sampling, settings=settings,
                             progress=lambda p: print("   engine:", p.line(), flush=True))
     t1 = time.time()
     stats = server_stats(url)
     stats["billed_usd"] -= billed_before  # the server's bill is cumulative
-    return {"wall_s": t1 - t0, "done_s": t1 - t0, "t0": t0, "stats": stats,
+    return {"wall_s": t1 - t0, "done_s": t1 - t0, "t0": t0, "stats": stats, "load": load,
             "datasets": dataset_figures(layout, names, args.budget),
             "reported_billed_usd": run.billed_usd, "reported_kept_usd": run.cost_usd}
 
@@ -155,6 +156,7 @@ def phase_user(args, url: str, names: list[str], root: Path) -> dict:
             run_config["execution"] = {"config": {args.executor: {}}}
         server_reset(url)
         billed_before = server_stats(url)["billed_usd"]
+        load = os.getloadavg()[0]
         t0 = time.time()
         backfill_id = server.launch_backfill(names, ["raw_responses"], run_config, title="seed replay")
         status = server.wait_for_backfill(backfill_id, timeout=args.timeout, poll=5.0)  # light on the webserver
@@ -177,7 +179,7 @@ def phase_user(args, url: str, names: list[str], root: Path) -> dict:
                 mats[m.partition] = {k: v.value for k, v in m.metadata.items()
                                      if k in ("new_responses", "billed_usd_new", "cost_usd_new", "budget_overshoot")}
         return {"wall_s": t1 - t0, "done_s": runs_done - t0, "t0": t0, "status": status["status"], "runs": len(runs),
-                "stats": stats, "launch": launch,
+                "stats": stats, "launch": launch, "load": load,
                 "datasets": dataset_figures(layout, names, args.budget), "metadata": mats,
                 "reported_billed_usd": sum(m.get("billed_usd_new", 0.0) for m in mats.values()),
                 "reported_kept_usd": sum(m.get("cost_usd_new", 0.0) for m in mats.values())}
@@ -221,6 +223,7 @@ def report(args, alone: dict, user: dict) -> None:
     print(f"\n=== seed replay: {args.datasets} datasets x {args.prompts} prompts, {args.concurrency} in flight, "
           f"budget {args.budget:,} tokens each ({args.policy}), max_tokens {args.max_tokens}")
     print(f"{'':28}{'engine alone':>16}{'backfill (UI)':>16}")
+    print(f"{'machine load at the start':28}{alone['load']:>16.1f}{user['load']:>16.1f}")
     print(f"{'wall time to data, s':28}{alone['done_s']:>16.1f}{user['done_s']:>16.1f}")
     a_w, u_w = window(alone), window(user)
     for label, i in [("  launch -> first request", 0), ("  first request -> last reply", 1),

@@ -129,7 +129,9 @@ async def run_datasets(jobs: list[DatasetJob], backend, *, sampling: SamplingSet
         _finish(run, started)
         if progress is not None and started:
             try:
-                progress(run.snapshot())
+                final = run.snapshot()
+                final.finished = True
+                progress(final)
             except Exception:  # noqa: BLE001
                 pass
 

@@ -154,6 +154,7 @@ class Progress:
     stopped: str | None = None  # why admissions closed: budget, cancelled, credits, ...
     datasets: int = 1
     datasets_done: int = 0
+    finished: bool = False  # the run is over
 
     @property
     def rows_per_s(self) -> float:
@@ -187,6 +188,8 @@ class Progress:
             left = self.todo - self.new - self.errors
             what = {"budget": "the token budget is spent"}.get(self.stopped, self.stopped)
             return f"{head}, {self.retries} retries; admissions closed: {what}; {left} samples not generated"
+        if self.finished:
+            return f"{head}, {self.retries} retries; finished in {self.elapsed_s:.0f}s"
         eta = f"{self.eta_s:.0f}s" if self.eta_s is not None else "?"
         proj = f" (est. ${self.projected_cost_usd:.4f} for the run)" if self.projected_cost_usd is not None else ""
         return f"{head}{proj}, {self.retries} retries, ETA {eta}"
