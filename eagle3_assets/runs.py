@@ -114,7 +114,7 @@ def pool_slot(context, pool: str, *, log_every_s: float = 60.0) -> Iterator[None
         return
     if info.using_default_limit or not info.slot_count:
         storage.initialize_concurrency_limit_to_default(pool)
-    run_id, step_key = context.run_id, context.get_step_execution_context().step.key
+    run_id, step_key = context.run.run_id, context.get_step_execution_context().step.key
     said = 0.0
     try:
         while True:

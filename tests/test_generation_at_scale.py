@@ -113,3 +113,24 @@ def test_unanswered_prompts_warn_and_are_listed_with_their_reason(layout, env_ke
         assert "missing" in out and "billed $" in out
         row = json.loads(ResponseStore(layout.responses_dir("holes")).errors_path.read_text().splitlines()[0])
         assert row["prompt_id"] == "q0" and row["reason"] == "http_400"
+
+
+@pytest.mark.parametrize("policy,passes", [("expected", True), ("strict", False)])
+def test_budget_check_allows_the_expected_policy_its_one_percent(layout, policy, passes):
+    """1,004 tokens against a budget of 1,000: within what the expected policy may end at, not strict's."""
+    from resources import DatasetSettings
+
+    write_prompts(layout, "over", 4)
+    store = ResponseStore(layout.responses_dir("over"))
+    with store.writer("openrouter") as w:
+        w.write_batch([{"sample_id": f"s{i}", "prompt_id": f"q{i}", "source": "openrouter", "finish_reason": "stop",
+                        "completion_tokens": 251 if i < 4 else 0, "cost_usd": 0.001} for i in range(4)])
+    store.write_last_run({"budget_policy": policy, "stopped_reason": None})
+    with dg.instance_for_test() as instance:
+        add_partitions(instance, ["over"])
+        res = {**default_resources(), "dataset_settings": DatasetSettings(budget_tokens={"over": 1000})}
+        result = dg.materialize([*DATA_ASSETS, *DATA_CHECKS], selection=["inventory"], instance=instance,
+                                resources=res, partition_key="over", raise_on_error=False)
+        check = checks_by_name(result)["token_budget"]
+        assert check.passed is passes and "0.40% over" in check.description
+        assert check.metadata["budget_overshoot"].value == 4
