@@ -27,16 +27,19 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -83,6 +86,47 @@ def server_reset(url: str) -> None:
     httpx.get(url + "/_loopback/reset", timeout=60)
 
 
+class CpuSampler:
+    """CPU seconds of a process tree, split into the run worker (the process that generates) and
+    the rest of `dagster dev` (webserver, daemon, code server), sampled every second so processes
+    that exit are still counted."""
+
+    def __init__(self, root_pid: int):
+        self.root = psutil.Process(root_pid)
+        self.seen: dict[int, tuple[str, float]] = {}
+        self.cmdlines: dict[int, str] = {}
+        self.base: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._sample()
+        self.base = {pid: cpu for pid, (_, cpu) in self.seen.items()}
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        for p in [self.root, *self.root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                cmd = " ".join(p.cmdline())
+                kind = "run worker" if "execute_run" in cmd or "execute_step" in cmd else "dagster dev"
+                self.cmdlines[p.pid] = cmd[:160]
+                self.seen[p.pid] = (kind, t.user + t.system)
+            except psutil.Error:
+                pass
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            self._sample()
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self.thread.join()
+        self._sample()
+        out: dict[str, float] = {}
+        for pid, (kind, cpu) in self.seen.items():
+            out[kind] = out.get(kind, 0.0) + cpu - self.base.get(pid, 0.0)
+        return out
+
+
 def write_datasets(layout: DataLayout, names: list[str], n: int) -> None:
     for ds in names:
         prompts = [Prompt(f"p{i}", [{"role": "user", "content": f"{ds}: question {i} - explain step {i % 97}"}], i + 1)
@@ -109,6 +153,7 @@ def phase_engine_alone(args, url: str, names: list[str], root: Path) -> dict:
     server_reset(url)
     billed_before = server_stats(url)["billed_usd"]
     load = os.getloadavg()[0]
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.time()  # from here on, what the asset does too: plan every dataset, then generate
     sampling = SamplingSettings(target="bench")
     preps = [prepare_dataset(layout, ds, sampling, source="openrouter", budget_tokens=args.budget,
@@ -118,9 +163,11 @@ def phase_engine_alone(args, url: str, names: list[str], root: Path) -> dict:
     run = generate_datasets([p.job() for p in preps], backend, sampling=sampling, settings=settings,
                             progress=lambda p: print("   engine:", p.line(), flush=True))
     t1 = time.time()
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     stats = server_stats(url)
     stats["billed_usd"] -= billed_before  # the server's bill is cumulative
-    return {"wall_s": t1 - t0, "done_s": t1 - t0, "t0": t0, "stats": stats, "load": load,
+    cpu = {"engine process": cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime}
+    return {"wall_s": t1 - t0, "done_s": t1 - t0, "t0": t0, "stats": stats, "load": load, "cpu": cpu,
             "datasets": dataset_figures(layout, names, args.budget),
             "reported_billed_usd": run.billed_usd, "reported_kept_usd": run.cost_usd}
 
@@ -157,10 +204,14 @@ def phase_user(args, url: str, names: list[str], root: Path) -> dict:
         server_reset(url)
         billed_before = server_stats(url)["billed_usd"]
         load = os.getloadavg()[0]
+        sampler = CpuSampler(proc.pid)
         t0 = time.time()
         backfill_id = server.launch_backfill(names, ["raw_responses"], run_config, title="seed replay")
         status = server.wait_for_backfill(backfill_id, timeout=args.timeout, poll=5.0)  # light on the webserver
         t1 = time.time()
+        cpu = sampler.stop()
+        if args.keep:
+            print("   processes:", json.dumps(sampler.cmdlines, indent=1))
         stats = server_stats(url)
         stats["billed_usd"] -= billed_before
         runs = [instance.get_run_by_id(r["runId"]) for r in status["runs"]]
@@ -179,7 +230,7 @@ def phase_user(args, url: str, names: list[str], root: Path) -> dict:
                 mats[m.partition] = {k: v.value for k, v in m.metadata.items()
                                      if k in ("new_responses", "billed_usd_new", "cost_usd_new", "budget_overshoot")}
         return {"wall_s": t1 - t0, "done_s": runs_done - t0, "t0": t0, "status": status["status"], "runs": len(runs),
-                "stats": stats, "launch": launch, "load": load,
+                "stats": stats, "launch": launch, "load": load, "cpu": cpu,
                 "datasets": dataset_figures(layout, names, args.budget), "metadata": mats,
                 "reported_billed_usd": sum(m.get("billed_usd_new", 0.0) for m in mats.values()),
                 "reported_kept_usd": sum(m.get("cost_usd_new", 0.0) for m in mats.values())}
@@ -224,6 +275,8 @@ def report(args, alone: dict, user: dict) -> None:
           f"budget {args.budget:,} tokens each ({args.policy}), max_tokens {args.max_tokens}")
     print(f"{'':28}{'engine alone':>16}{'backfill (UI)':>16}")
     print(f"{'machine load at the start':28}{alone['load']:>16.1f}{user['load']:>16.1f}")
+    print("CPU seconds:   engine alone: " + ", ".join(f"{k} {v:.1f}" for k, v in alone["cpu"].items())
+          + ";   backfill: " + ", ".join(f"{k} {v:.1f}" for k, v in user["cpu"].items()))
     print(f"{'wall time to data, s':28}{alone['done_s']:>16.1f}{user['done_s']:>16.1f}")
     a_w, u_w = window(alone), window(user)
     for label, i in [("  launch -> first request", 0), ("  first request -> last reply", 1),
@@ -270,6 +323,7 @@ def main() -> int:
     p.add_argument("--executor", choices=["in_process", "multiprocess", ""], default="in_process",
                    help="the run's executor (eagle3 backfill sends in_process for a generation-only backfill)")
     p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--keep", action="store_true", help="keep the data roots and the instance (to look at the runs)")
     args = p.parse_args()
     mean = args.median * math.exp(args.sigma ** 2 / 2)
     args.budget = int(args.budget_share * args.prompts * mean) if args.budget_share else 10_000_000
@@ -297,7 +351,8 @@ def main() -> int:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
