@@ -114,6 +114,10 @@ def cmd_materialize(args) -> int:
     instance = _instance(layout)
     from eagle3_assets.launch import materialize_selection, report_result
     from eagle3_assets.partitions import datasets_partitions
+    from eagle3_assets.runs import recover_dead_runs
+
+    for run_id in recover_dead_runs(instance):  # their pool slots would hold this run's steps
+        print(f"run {run_id} was left started by a process that is gone: marked failed, its pool slots freed")
 
     if not instance.has_dynamic_partition(datasets_partitions.name, name):
         instance.add_dynamic_partitions(datasets_partitions.name, [name])
@@ -130,29 +134,43 @@ def cmd_materialize(args) -> int:
 
 
 def cmd_backfill(args) -> int:
-    """A partition backfill submitted to a running webserver (its daemon runs it)."""
+    """A partition backfill submitted to a running webserver (its daemon runs it).
+
+    ``raw_responses`` runs every selected dataset in one step, but only the partitions whose
+    prompts are materialized when the daemon looks; so when ``prompts`` is selected too, the prompts
+    are backfilled first and generation after them, in one run and one in-flight gate."""
     from eagle3_assets.graphql_client import DagsterWebserver, WebserverError
 
     names = [check_dataset_name(n) for n in args.datasets]
     assets = [a.strip() for a in args.assets.split(",") if a.strip()]
-    run_config = None
-    if args.max_new_tokens:
-        run_config = {"ops": {"raw_responses": {"config": {"max_new_tokens": args.max_new_tokens}}}}
+    generation = {k: v for k, v in [("max_new_tokens", args.max_new_tokens), ("backend", args.backend),
+                                    ("concurrency", args.concurrency), ("budget_policy", args.budget_policy)] if v}
+    # generation is one step per run: in-process spares the step its own Python process
+    run_config = {"ops": {"raw_responses": {"config": generation}}, "execution": {"config": {"in_process": {}}}}
+    stages = [["prompts"], [a for a in assets if a != "prompts"]] \
+        if "prompts" in assets and "raw_responses" in assets and len(assets) > 1 else [assets]
     server = DagsterWebserver(args.url)
+    status = None
     try:
         for n in names:
             server.add_partition(n)
-        backfill_id = server.launch_backfill(names, assets, run_config)
+        for i, stage in enumerate(stages):
+            backfill_id = server.launch_backfill(names, stage, run_config if "raw_responses" in stage else None)
+            print(f"backfill {backfill_id}: {', '.join(names)} over {', '.join(stage)}"
+                  f"{' (' + ', '.join(f'{k}={v}' for k, v in generation.items()) + ')' if generation else ''}\n"
+                  f"  {args.url.rstrip('/')}/runs/b/{backfill_id}", flush=True)
+            if i + 1 < len(stages) or args.wait:
+                if i + 1 < len(stages):
+                    print("  waiting for the prompts, so that generation serves every dataset in one run", flush=True)
+                status = server.wait_for_backfill(backfill_id, timeout=args.wait or 900)
+                failed = [r["runId"] for r in status["runs"] if r["status"] != "SUCCESS"]
+                print(f"backfill {backfill_id} {status['status']}: {len(status['runs'])} run(s), "
+                      f"{len(failed)} not successful")
+                if failed:
+                    return 1
     except WebserverError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"backfill {backfill_id}: {', '.join(names)} over {', '.join(assets)}\n"
-          f"  {args.url.rstrip('/')}/runs/b/{backfill_id}")
-    if args.wait:
-        status = server.wait_for_backfill(backfill_id, timeout=args.wait)
-        failed = [r["runId"] for r in status["runs"] if r["status"] != "SUCCESS"]
-        print(f"backfill {backfill_id} {status['status']}: {len(status['runs'])} run(s), {len(failed)} not successful")
-        return 1 if failed else 0
     return 0
 
 
@@ -244,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated asset keys (default: prompts through merged_corpus)")
     p.add_argument("--url", default=os.environ.get("EAGLE3_DAGSTER_URL", "http://127.0.0.1:3000"))
     p.add_argument("--max-new-tokens", type=int, default=0, help="raw_responses max_new_tokens (default: its config)")
+    p.add_argument("--backend", choices=["local", "sglang", "openrouter"], help="raw_responses backend (default: local)")
+    p.add_argument("--concurrency", type=int, default=0,
+                   help="HTTP backends: requests in flight for all the datasets together (default: the resource's)")
+    p.add_argument("--budget-policy", choices=["expected", "strict"], help="token budget admission (default: expected)")
     p.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the backfill to finish")
     p.set_defaults(fn=cmd_backfill)
     p = sub.add_parser("export", help="print a recipe's drafter exports and validate the SGLang one")

@@ -12,6 +12,7 @@ from eagle3_assets.generation.assets import raw_responses
 from eagle3_assets.hidden_states.assets import hidden_states
 from eagle3_assets.hidden_states.checks import shard_integrity
 from eagle3_assets.prompts.assets import prompts
+from eagle3_assets.runs import executor as frees_dead_slots_executor
 from eagle3_assets.tokens.assets import token_ids
 from eagle3_assets.tokens.checks import TOKEN_CHECKS
 from resources import DatasetSettings, OpenRouterResource, SGLangResource, StorageResource, TargetResource, VLLMResource
@@ -70,4 +71,5 @@ defs = dg.Definitions(
     jobs=[dataset_pipeline],
     sensors=[prompt_files_sensor, run_failure_alerts],
     resources=default_resources(),
+    executor=frees_dead_slots_executor,  # a step blocked by a pool frees slots of runs whose process is gone
 )

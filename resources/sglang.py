@@ -11,12 +11,16 @@ class SGLangResource(dg.ConfigurableResource):
     sampling options that shape the returned ``text`` (never ``output_ids``). The text is only
     used to calibrate re-tokenization, so the defaults ask for the text closest to the ids: special
     tokens kept, no spaces inserted around added tokens (Kimi's ``<think>``/``</think>``), the stop
-    token trimmed. SGLang's own defaults (true, true, false) make Kimi rows drift from their ids."""
+    token trimmed. SGLang's own defaults (true, true, false) make Kimi rows drift from their ids.
+
+    ``max_in_flight_per_url`` is each server's own gate: a run keeps that many requests in flight
+    on every base URL, for all its datasets together."""
 
     base_urls: list[str] = ["http://127.0.0.1:30000"]
     api_key: str = ""  # only if the server was started with --api-key
     health_check: bool = True
     repair_prefix_bug: bool = True
+    max_in_flight_per_url: int = 256
     connections_per_client: int = 10
     read_timeout_s: float = 900.0
     skip_special_tokens: bool = False
@@ -34,7 +38,10 @@ class SGLangResource(dg.ConfigurableResource):
                              health_check=self.health_check, repair_prefix_bug=self.repair_prefix_bug,
                              text_options=self.text_options())
 
+    def default_in_flight(self) -> int:
+        return self.max_in_flight_per_url * max(1, len(self.base_urls))
+
     def client_config(self):
-        from eagle3_assets.generation.http_engine import ClientConfig
+        from eagle3_assets.generation.http_config import ClientConfig
 
         return ClientConfig(connections_per_client=self.connections_per_client, read_timeout_s=self.read_timeout_s)

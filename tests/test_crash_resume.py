@@ -1,4 +1,5 @@
-"""kill -9 during ``raw_responses`` in a real Dagster CLI run, then re-run: every sample once."""
+"""kill -9 during ``raw_responses`` in a real Dagster CLI run, then re-run: every sample once, and
+the killed run's pool slot is freed by the run that needs it, without ``eagle3 recover``."""
 
 import json
 import os
@@ -50,15 +51,42 @@ def test_kill_minus_nine_mid_generation_then_rerun(layout, model_dir, tmp_path):
     with out.open("ab") as fh:  # what a kill during a write leaves behind
         fh.write(b'{"sample_id": "s-torn", "dataset": "crash", "text": "half a li')
 
-    # the killed run still holds the `gpu` pool slot; recovering frees it
-    recovered = subprocess.run([str(BIN / "eagle3"), "recover"], env=env, check=True, capture_output=True, text=True)
-    assert "recovered 1 dead run" in recovered.stdout
-
+    # the killed run still holds the `gpu` pool slot: the re-run sees its process is gone and frees it
     log = tmp_path / "rerun.log"
     rerun = dagster_materialize(env, "raw_responses", "crash", config, log=log)
     assert rerun.wait(timeout=900) == 0, log.read_text()[-3000:]
+    assert "freed the 'gpu' slot of run(s)" in log.read_text()
     rows = ResponseStore(layout.responses_dir("crash")).rows()
     ids = [r["sample_id"] for r in rows]
     assert len(ids) == n and len(set(ids)) == n
     assert sorted(r["prompt_id"] for r in rows) == sorted(f"q{i}" for i in range(n))
     assert out.read_bytes().endswith(b"\n") and b"s-torn" not in out.read_bytes()
+
+
+HOLDER = """
+import os, uuid
+import dagster as dg
+from dagster._core.events import DagsterEvent, EngineEventData
+from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+instance = dg.DagsterInstance.get()
+run = instance.add_run(DagsterRun(job_name="holder", run_id=str(uuid.uuid4()), status=DagsterRunStatus.STARTED))
+event = DagsterEvent("ENGINE_EVENT", "holder", message="holding the duckdb pool", event_specific_data=EngineEventData({}),
+                     pid=os.getpid())  # as a run worker logs: then this process exits, as if killed
+instance.report_dagster_event(event, run.run_id)
+assert instance.event_log_storage.claim_concurrency_slot("duckdb", run.run_id, "writer").is_claimed
+print(run.run_id)
+"""
+
+
+def test_a_step_blocked_by_a_dead_runs_pool_slot_frees_it(layout, tmp_path):
+    """A pool declared on an asset (``inventory`` in ``duckdb``): the executor frees the slot of a
+    run whose process is gone as soon as the step reports it is blocked."""
+    src = write_jsonl(tmp_path / "held.jsonl", small_prompts(2))
+    env = dict(os.environ, EAGLE3_HOME=str(layout.root), DAGSTER_HOME=str(layout.dagster_home))
+    subprocess.run([str(BIN / "eagle3"), "add-dataset", str(src)], env=env, check=True, capture_output=True)
+    holder = subprocess.run([sys.executable, "-c", HOLDER], env=env, check=True, capture_output=True, text=True)
+    dead_run = holder.stdout.strip()
+    log = tmp_path / "inventory.log"
+    proc = dagster_materialize(env, "inventory", "held", log=log)
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    assert f"freed the 'duckdb' slot of run(s) {dead_run}" in log.read_text()

@@ -305,14 +305,14 @@ class WatchedBudget(TokenBudget):
         self.peak = max(self.peak, self.used + self.reserved)
 
 
-def test_budget_never_exceeded_under_faults(tmp_path, serve):
+def test_strict_budget_never_exceeded_under_faults(tmp_path, serve):
     faults = FaultPlan.from_strings("429=0.1,502=0.1,drop=0.05,finish_error=0.05,error200=0.05,heartbeat=0.1,"
                                     "402inflight=0.05,slow=0.05", seed=7, retry_after_s=0.02, slow_s=0.05, heartbeats=2)
     srv = serve(OpenRouterApp(SyntheticGenerator(), api_key=KEY, faults=faults, latency_s=0.005))
     reqs, sampling = make_requests(120)
     store = ResponseStore(tmp_path / "r")
     budget = WatchedBudget(700)
-    rep = run(reqs, openrouter(srv), store, sampling, budget, max_tokens=16, concurrency=24)
+    rep = run(reqs, openrouter(srv), store, sampling, budget, max_tokens=16, concurrency=24, policy="strict")
     rows = store.rows()
     used = sum(r["completion_tokens"] for r in rows)
     assert rep.stopped_reason == "budget" and rep.left_by_budget > 0 and sum(rep.retries.values()) > 10
@@ -323,7 +323,7 @@ def test_budget_never_exceeded_under_faults(tmp_path, serve):
     assert stats["completion_tokens_billed"] == used and math.fsum(r["cost_usd"] for r in rows) == stats["billed_usd"]
     # a later run with the budget rebuilt from disk admits nothing more
     before = stats["requests"]
-    again = run(reqs, openrouter(srv), store, sampling, TokenBudget(700, used=used), max_tokens=16)
+    again = run(reqs, openrouter(srv), store, sampling, TokenBudget(700, used=used), max_tokens=16, policy="strict")
     assert again.new == 0 and again.stopped_reason == "budget" and srv.stats()["requests"] == before
 
 
@@ -478,7 +478,7 @@ def test_kill_minus_nine_mid_run_then_resume(tmp_path, serve):
         "s = json.load(open(sys.argv[1]))\n"
         "reqs, sampling = make_requests(s['n'])\n"
         "asyncio.run(run_generation(reqs, openrouter_for_url(s['url']), ResponseStore(s['dir']), TokenBudget(10**9),\n"
-        "    sampling=sampling, max_tokens=16, concurrency=2, retry=FAST, writer_batch=1))\n"
+        "    sampling=sampling, max_tokens=16, concurrency=2, retry=FAST))\n"
     )
     env = dict(os.environ, OPENROUTER_TEST_KEY=KEY)
     proc = subprocess.Popen([sys.executable, "-c", child, str(spec)], cwd=REPO, env=env, start_new_session=True,
@@ -543,7 +543,7 @@ def test_outer_cancellation_flushes_finished_rows(tmp_path, serve):
 
     async def main():
         task = asyncio.create_task(run_generation(reqs, openrouter(srv), store, budget, sampling=sampling,
-                                                  max_tokens=16, concurrency=4, retry=FAST, writer_batch=1000))
+                                                  max_tokens=16, concurrency=4, retry=FAST))
         await asyncio.sleep(0.5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -98,14 +98,17 @@ def ui(tmp_path_factory, model_dir):
 
 @pytest.fixture(scope="module")
 def backfill(ui):
-    """Two tiny datasets backfilled through merged_corpus; returns the backfill's final status."""
+    """Two tiny datasets: their prompts, then a backfill from raw_responses through merged_corpus
+    (as `eagle3 backfill` does, so that generation serves both in one run); the last one's status."""
     server, layout, _ = ui
     # Partitions first, then the files: the prompt-file sensor sees known datasets and stays out.
     for name in DATASETS:
         server.add_partition(name)
         write_jsonl(layout.prompt_source(name), small_prompts(3, prefix=f"{name}-"))
-    backfill_id = server.launch_backfill(DATASETS, ASSETS, RUN_CONFIG, title="ui test")
-    return server.wait_for_backfill(backfill_id, timeout=1200, poll=1.0)  # ~60 s on an idle 2-core box
+    first = server.launch_backfill(DATASETS, ["prompts"], title="ui test: prompts")
+    assert server.wait_for_backfill(first, timeout=1200, poll=1.0)["status"] == "COMPLETED_SUCCESS"
+    backfill_id = server.launch_backfill(DATASETS, ASSETS[1:], RUN_CONFIG, title="ui test")
+    return server.wait_for_backfill(backfill_id, timeout=1200, poll=1.0)
 
 
 def _step_window(instance, run_id: str, step: str) -> tuple[float, float]:
@@ -124,7 +127,7 @@ def _step_window(instance, run_id: str, step: str) -> tuple[float, float]:
     return start, end
 
 
-def test_backfill_over_graphql_runs_every_partition_with_checks_and_one_gpu_step_at_a_time(ui, backfill):
+def test_backfill_over_graphql_runs_every_partition_with_checks_and_generation_in_one_step(ui, backfill):
     from dagster import DagsterEventType
 
     _, layout, instance = ui
@@ -133,7 +136,7 @@ def test_backfill_over_graphql_runs_every_partition_with_checks_and_one_gpu_step
     assert runs and all(r["status"] == "SUCCESS" for r in runs), runs
     partitions = set()
     checks = {}
-    windows = []
+    generation_runs = []
     for r in runs:
         run = instance.get_run_by_id(r["runId"])
         partitions.add(run.tags.get("dagster/partition"))
@@ -141,16 +144,24 @@ def test_backfill_over_graphql_runs_every_partition_with_checks_and_one_gpu_step
             ev = rec.dagster_event.event_specific_data
             checks[(run.tags.get("dagster/partition"), ev.check_name)] = ev.passed
         if any(rec.dagster_event and rec.dagster_event.step_key == "raw_responses" for rec in instance.all_logs(r["runId"])):
-            windows.append(_step_window(instance, r["runId"], "raw_responses"))
-    assert partitions == set(DATASETS)
+            generation_runs.append(run)
+    assert set(DATASETS) <= partitions, partitions
     for name in DATASETS:
         assert checks.get((name, "corpus_integrity")) is True, checks
         assert checks.get((name, "token_budget")) is True, checks
         assert layout.corpus(name).exists()
-    # raw_responses runs in the `gpu` pool (limit 1): the two partitions' steps never overlap.
-    assert len(windows) == 2, windows
-    (a0, a1), (b0, b1) = sorted(windows)
-    assert a1 <= b0, f"gpu steps overlapped: {windows}"
+    # raw_responses has a single-run backfill policy: one run, one step, every dataset; it held the
+    # `gpu` pool (local backend) and recorded one materialization per dataset with its own figures
+    assert len(generation_runs) == 1, [r.run_id for r in generation_runs]
+    gen = generation_runs[0]
+    assert (gen.tags.get("dagster/asset_partition_range_start"), gen.tags.get("dagster/asset_partition_range_end")) \
+        == (DATASETS[0], DATASETS[-1])
+    _step_window(instance, gen.run_id, "raw_responses")
+    assert any("holding a 'gpu' slot" in (rec.user_message or "") for rec in instance.all_logs(gen.run_id))
+    mats = [rec.dagster_event.event_specific_data.materialization
+            for rec in instance.all_logs(gen.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)]
+    assert sorted(m.partition for m in mats) == DATASETS
+    assert all(m.metadata["new_responses"].value == 3 and m.metadata["datasets_in_run"].value == 2 for m in mats)
 
 
 def _chromium_or_skip():

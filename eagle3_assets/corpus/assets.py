@@ -7,6 +7,7 @@ from eagle3_assets.corpus.inventory import response_frame, summarize, write_inve
 from eagle3_assets.corpus.merge import merge_corpus
 from eagle3_assets.files import write_parquet_atomic
 from eagle3_assets.generation.assets import raw_responses
+from eagle3_assets.generation.completeness import unanswered_in_store
 from eagle3_assets.generation.response_store import ResponseStore
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
@@ -15,7 +16,7 @@ from eagle3_assets.tokens.assets import token_ids
 from resources import DatasetSettings, StorageResource
 
 SHOWN = ["source", "responses", "completion_tokens", "mean_len", "p50_len", "p95_len",
-         "finish_reasons", "budget_used", "budget_remaining", "cost_usd"]
+         "finish_reasons", "budget_used", "budget_remaining", "cost_usd", "billed_usd", "missing"]
 
 
 @dg.asset(
@@ -24,16 +25,23 @@ SHOWN = ["source", "responses", "completion_tokens", "mean_len", "p50_len", "p95
     group_name="data",
     kinds={"duckdb"},
     pool="duckdb",
-    description="Responses, completion tokens, lengths, finish reasons, budget and cost per dataset and source.",
+    description="Responses, completion tokens, lengths, finish reasons, budget, dollars kept and billed, and "
+                "prompts still unanswered, per dataset and source.",
 )
 def inventory(context: dg.AssetExecutionContext, storage: StorageResource,
               dataset_settings: DatasetSettings) -> dg.MaterializeResult:
     dataset = context.partition_key
     layout = storage.layout
-    responses = ResponseStore(layout.responses_dir(dataset)).rows()
+    store = ResponseStore(layout.responses_dir(dataset))
+    responses = store.rows()
     frame = response_frame(responses)
-    rows = summarize(dataset, frame, dataset_settings.budget_for(dataset))
-    write_inventory(layout.metadata_db, dataset, rows)
+    missing = None
+    if layout.prompt_table(dataset).exists():
+        prompt_ids = pl.read_parquet(layout.prompt_table(dataset), columns=["prompt_id"])["prompt_id"].to_list()
+        missing = unanswered_in_store(store, prompt_ids, responses)
+    rows = summarize(dataset, frame, dataset_settings.budget_for(dataset), store.billing(),
+                     None if missing is None else len(missing))
+    write_inventory(layout.metadata_db, dataset, rows, missing)
     total = rows.filter(rows["source"] == "all").to_dicts()[0]
     lengths: dict[str, list[int]] = {}
     for r in responses:
@@ -46,7 +54,11 @@ def inventory(context: dg.AssetExecutionContext, storage: StorageResource,
             "completion_tokens": total["completion_tokens"],
             "budget_tokens": total["budget_tokens"],
             "budget_remaining": total["budget_remaining"],
+            "budget_overshoot": max(0, total["budget_used"] - total["budget_tokens"]),
             "cost_usd": float(total["cost_usd"] or 0.0),
+            "billed_usd": float(total["billed_usd"] or 0.0),
+            **({} if missing is None else {"missing": len(missing),
+                                           "unanswered (first 20)": md_table(missing[:20], ["prompt_id", "reason", "detail"])}),
             "p95_len": float(total["p95_len"] or 0.0),
             "database": dg.MetadataValue.path(str(layout.metadata_db)),
         }

@@ -7,6 +7,8 @@ integrity checks block, the truncation rate warns.
 import dagster as dg
 
 from eagle3_assets.corpus.assets import inventory, merged_corpus
+from eagle3_assets.generation.admission import EXPECTED_OVERSHOOT_ALLOWANCE
+from eagle3_assets.generation.response_store import ResponseStore
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.querying import SAMPLE, query_rows
@@ -14,7 +16,8 @@ from resources import DatasetSettings, StorageResource
 
 
 @dg.asset_check(asset=inventory, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
-                description="Completion tokens of the dataset are within its budget.")
+                description="Completion tokens of the dataset are within its budget (within 1% above it when "
+                            "its last generation ran with the `expected` budget policy).")
 def token_budget(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
     with storage.query() as con:
         rows = query_rows(con, "SELECT source, completion_tokens, budget_tokens, budget_used, budget_remaining "
@@ -23,12 +26,18 @@ def token_budget(context: dg.AssetCheckExecutionContext, storage: StorageResourc
     total = next((r for r in rows if r["source"] == "all"), None)
     if total is None:
         return dg.AssetCheckResult(passed=False, description="no inventory row for this dataset")
-    ok = total["budget_used"] <= total["budget_tokens"]
+    last_run = ResponseStore(storage.layout.responses_dir(context.partition_key)).last_run() or {}
+    policy = last_run.get("budget_policy", "strict")
+    allowed = total["budget_tokens"] * (1 + (EXPECTED_OVERSHOOT_ALLOWANCE if policy == "expected" else 0.0))
+    ok = total["budget_used"] <= allowed
+    overshoot = max(0, total["budget_used"] - total["budget_tokens"])
     return dg.AssetCheckResult(
         passed=ok,
-        description=f"{total['budget_used']:,} of {total['budget_tokens']:,} tokens used",
+        description=f"{total['budget_used']:,} of {total['budget_tokens']:,} tokens used"
+                    + (f" ({overshoot / total['budget_tokens']:.2%} over, {policy} policy)" if overshoot else ""),
         metadata={"budget_tokens": total["budget_tokens"], "budget_used": total["budget_used"],
-                  "budget_remaining": total["budget_remaining"], "by_source": md_table(rows)},
+                  "budget_remaining": total["budget_remaining"], "budget_overshoot": overshoot,
+                  "budget_policy": policy, "by_source": md_table(rows)},
     )
 
 
@@ -85,4 +94,27 @@ def corpus_integrity(context: dg.AssetCheckExecutionContext, storage: StorageRes
     )
 
 
-CORPUS_CHECKS = [token_budget, truncation_rate, corpus_integrity]
+@dg.asset_check(asset=inventory, partitions_def=datasets_partitions, pool="duckdb",
+                description="Every prompt has a response; lists the ones that do not, with why (a warning, not a gate).")
+def responses_complete(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
+    dataset = context.partition_key
+    with storage.query() as con:
+        has_table = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'meta' "
+                                "AND table_name = 'unanswered'").fetchone()[0]
+        if not has_table:
+            return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN,
+                                       description="no unanswered-prompt table yet")
+        by_reason = query_rows(con, "SELECT reason, count(*) AS prompts FROM meta.unanswered WHERE dataset = ? "
+                               "GROUP BY reason ORDER BY prompts DESC, reason", [dataset])
+        sample = query_rows(con, "SELECT prompt_id, reason, detail FROM meta.unanswered WHERE dataset = ? "
+                            "ORDER BY prompt_id LIMIT ?", [dataset, SAMPLE])
+    n = sum(r["prompts"] for r in by_reason)
+    reasons = ", ".join(f"{r['reason']}: {r['prompts']}" for r in by_reason)
+    return dg.AssetCheckResult(
+        passed=n == 0, severity=dg.AssetCheckSeverity.WARN,
+        description=f"{n} prompts without a response ({reasons})" if n else "every prompt has a response",
+        metadata={"unanswered": n, "by_reason": md_table(by_reason), "prompts": md_table(sample)},
+    )
+
+
+CORPUS_CHECKS = [token_budget, truncation_rate, corpus_integrity, responses_complete]

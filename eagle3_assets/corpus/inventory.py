@@ -1,7 +1,12 @@
 """Per-dataset inventory: responses, lengths, finish reasons, budget and cost, by source.
 
 Figures are computed by DuckDB over the response rows and stored in ``metadata.duckdb``,
-one row per (dataset, source) plus an ``all`` row. Only the inventory asset writes there.
+one row per (dataset, source) plus an ``all`` row, beside the ``unanswered`` table (one row per
+prompt still without a response, with its reason). Only the inventory asset writes there.
+
+Dollars: ``cost_usd`` is what the kept rows cost; ``billed_usd`` adds every billed attempt that left
+no row (``billing.jsonl``: failed or retried replies, and the provider's bill beyond what replies
+showed). ``missing`` (on the ``all`` row) counts prompts without any response.
 """
 
 from __future__ import annotations
@@ -21,6 +26,14 @@ CREATE TABLE IF NOT EXISTS inventory (
     PRIMARY KEY (dataset, source)
 )
 """
+# Columns added later; ALTER keeps databases written by earlier versions usable.
+ADDED_COLUMNS = {"billed_usd": "DOUBLE", "missing": "BIGINT"}
+UNANSWERED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS unanswered (dataset VARCHAR, prompt_id VARCHAR, reason VARCHAR, detail VARCHAR)
+"""
+COLUMNS = ["dataset", "source", "responses", "completion_tokens", "prompt_tokens", "mean_len", "p50_len",
+           "p95_len", "finish_reasons", "truncated", "budget_tokens", "budget_used", "budget_remaining", "cost_usd",
+           "billed_usd", "missing"]
 
 RESPONSE_COLUMNS = {
     "sample_id": pl.Utf8, "source": pl.Utf8, "finish_reason": pl.Utf8,
@@ -46,8 +59,10 @@ def response_frame(rows: list[dict]) -> pl.DataFrame:
     return pl.DataFrame(data, schema=RESPONSE_COLUMNS)
 
 
-def summarize(dataset: str, responses: pl.DataFrame, budget_tokens: int) -> pl.DataFrame:
-    """Inventory rows for one dataset: each source, then ``all``."""
+def summarize(dataset: str, responses: pl.DataFrame, budget_tokens: int, billing: list[dict] | None = None,
+              missing: int | None = None) -> pl.DataFrame:
+    """Inventory rows for one dataset: each source, then ``all``. ``billing`` holds the billed
+    attempts that left no row; ``missing`` the prompts without a response."""
     con = duckdb.connect()
     con.register("responses", responses.to_arrow())
     summary = con.execute(SUMMARY_SQL).pl()
@@ -64,6 +79,16 @@ def summarize(dataset: str, responses: pl.DataFrame, budget_tokens: int) -> pl.D
     for source, reason, n in reasons:
         by_source.setdefault(source, {})[str(reason)] = n
     used = int(responses["completion_tokens"].sum() or 0)
+    extra: dict[str, float] = {}  # billed without a row, by source and in all
+    for b in billing or []:
+        cost = b.get("cost_usd") or 0.0
+        for src in {b.get("source") or "all", "all"}:
+            extra[src] = extra.get(src, 0.0) + cost
+    for src in extra:
+        if src not in summary["source"].to_list():  # billed for a source that kept no row
+            summary = pl.concat([summary, pl.DataFrame({"source": [src]})], how="diagonal_relaxed")
+    summary = summary.with_columns(pl.col("responses", "completion_tokens", "prompt_tokens", "truncated").fill_null(0),
+                                   pl.col("cost_usd").fill_null(0.0))
     return summary.with_columns(
         pl.lit(dataset).alias("dataset"),
         pl.col("source").map_elements(lambda s: json.dumps(by_source.get(s, {}), sort_keys=True),
@@ -71,22 +96,32 @@ def summarize(dataset: str, responses: pl.DataFrame, budget_tokens: int) -> pl.D
         pl.lit(budget_tokens, pl.Int64).alias("budget_tokens"),
         pl.lit(used, pl.Int64).alias("budget_used"),
         pl.lit(budget_tokens - used, pl.Int64).alias("budget_remaining"),
-    ).select(
-        "dataset", "source", "responses", "completion_tokens", "prompt_tokens", "mean_len", "p50_len",
-        "p95_len", "finish_reasons", "truncated", "budget_tokens", "budget_used", "budget_remaining", "cost_usd",
-    )
+        (pl.col("cost_usd") + pl.col("source").replace_strict(extra, default=0.0, return_dtype=pl.Float64))
+        .alias("billed_usd"),
+        pl.when(pl.col("source") == "all").then(pl.lit(missing, pl.Int64)).otherwise(None).alias("missing"),
+    ).select(COLUMNS).sort(pl.col("source") == "all", "source")
 
 
-def write_inventory(db_path: Path, dataset: str, rows: pl.DataFrame) -> None:
-    """Replace the dataset's rows in one transaction; the connection is held briefly."""
+def write_inventory(db_path: Path, dataset: str, rows: pl.DataFrame, unanswered: list[dict] | None = None) -> None:
+    """Replace the dataset's rows (and its unanswered prompts) in one transaction; the connection is held briefly."""
     db_path.parent.mkdir(parents=True, exist_ok=True)
     con = duckdb.connect(str(db_path))
     try:
         con.execute(SCHEMA)
+        for name, kind in ADDED_COLUMNS.items():
+            con.execute(f"ALTER TABLE inventory ADD COLUMN IF NOT EXISTS {name} {kind}")
+        con.execute(UNANSWERED_SCHEMA)
         con.execute("BEGIN")
         con.execute("DELETE FROM inventory WHERE dataset = ?", [dataset])
         con.register("new_rows", rows.to_arrow())
-        con.execute("INSERT INTO inventory SELECT *, now() FROM new_rows")
+        cols = ", ".join(COLUMNS)
+        con.execute(f"INSERT INTO inventory ({cols}, updated_at) SELECT {cols}, now() FROM new_rows")
+        con.execute("DELETE FROM unanswered WHERE dataset = ?", [dataset])
+        if unanswered:
+            frame = pl.DataFrame([{"dataset": dataset, **u} for u in unanswered],
+                                 schema={"dataset": pl.Utf8, "prompt_id": pl.Utf8, "reason": pl.Utf8, "detail": pl.Utf8})
+            con.register("new_unanswered", frame.to_arrow())
+            con.execute("INSERT INTO unanswered SELECT dataset, prompt_id, reason, detail FROM new_unanswered")
         con.execute("COMMIT")
     finally:
         con.close()

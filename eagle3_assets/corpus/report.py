@@ -9,7 +9,7 @@ INVENTORY_COLUMNS = [
     ("dataset", "dataset"), ("source", "source"), ("responses", "responses"),
     ("completion_tokens", "tokens"), ("mean_len", "mean"), ("p50_len", "p50"), ("p95_len", "p95"),
     ("finish_reasons", "finish reasons"), ("budget_used", "budget used"),
-    ("budget_remaining", "remaining"), ("cost_usd", "cost $"),
+    ("budget_remaining", "remaining"), ("cost_usd", "kept $"), ("billed_usd", "billed $"), ("missing", "missing"),
 ]
 
 
@@ -37,5 +37,6 @@ def print_inventory(layout: DataLayout) -> None:
     for _, title in INVENTORY_COLUMNS:
         table.add_column(title, justify="left" if title in ("dataset", "source", "finish reasons") else "right")
     for row in frame.iter_rows(named=True):
-        table.add_row(*[_fmt(row[k]) for k, _ in INVENTORY_COLUMNS], style="bold" if row["source"] == "all" else None)
+        table.add_row(*[_fmt(row.get(k)) for k, _ in INVENTORY_COLUMNS],
+                      style="bold" if row["source"] == "all" else None)
     console.print(table)

@@ -4,24 +4,34 @@ Four backends behind one asset: the embedded model in-process (``local``), SGLan
 (``sglang``, exact ids), OpenRouter (``openrouter``, text) and any OpenAI-compatible server that
 returns token ids, such as vLLM (``vllm``, exact ids). Every backend resumes by sample
 id across all sources on disk, so a dataset can start on one and finish on another.
+
+A backfill runs every selected dataset in one step (``BackfillPolicy.single_run``): the HTTP
+backends then serve all of them through one in-flight gate, each dataset with its own budget,
+files and materialization. Local, SGLang and vLLM generation hold the ``gpu`` pool while they run; API
+generation never waits for it.
 """
 
-import math
 import sys
 import time
+import warnings
 
 import dagster as dg
 
-from eagle3_assets.generation.budget import TokenBudget
-from eagle3_assets.generation.response_store import ResponseStore
-from eagle3_assets.generation.samples import SamplingSettings, plan_samples
+from eagle3_assets.generation.admission import POLICIES, AdmissionPolicy
+from eagle3_assets.generation.dataset_run import PreparedDataset, missing_line, prepare_dataset, summarize
+from eagle3_assets.generation.samples import SamplingSettings
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.assets import prompts
-from eagle3_assets.prompts.table import read_prompt_table
+from eagle3_assets.runs import pool_slot
 from resources import DatasetSettings, OpenRouterResource, SGLangResource, StorageResource, TargetResource, VLLMResource
 
 BACKENDS = ("local", "sglang", "openrouter", "vllm")
+
+# `backfill_policy` is marked beta; and a job holding this asset with the one-dataset-per-run stages
+# (`dataset_pipeline`) warns that it backfills one partition per run, which is what it is for.
+warnings.filterwarnings("ignore", category=dg.BetaWarning, message=".*Parameter `backfill_policy`")
+warnings.filterwarnings("ignore", category=UserWarning, message=".*materializes assets with varying BackfillPolicies")
 
 
 class GenerationConfig(dg.Config):
@@ -32,67 +42,67 @@ class GenerationConfig(dg.Config):
     seed: int = 0
     samples_per_prompt: int = 1
     batch_size: int = 16  # local backend
-    concurrency: int = 256  # HTTP backends: requests in flight
-    max_samples: int = 0  # generate at most this many new samples in this run (0: all)
+    concurrency: int = 0  # HTTP: requests in flight for the whole run, all datasets together (0: the resource's)
+    budget_policy: str = "expected"  # "expected" (learned reply lengths, keeps the gate full) or "strict"
+    budget_policies: dict[str, str] = {}  # per dataset, overriding budget_policy
+    max_samples: int = 0  # per dataset: generate at most this many new samples in this run (0: all)
 
 
-class _Progress:
-    """A terminal bar plus a Dagster log line every few seconds."""
-
-    def __init__(self, context, dataset: str, total: int, done: int):
-        from tqdm import tqdm
-
-        self.context, self.last = context, time.monotonic()
-        self.bar = tqdm(total=total, initial=done, desc=f"generate {dataset}", unit="sample", file=sys.stderr)
-
-    def local(self, rep, todo):
-        self.bar.update(rep.new + rep.already_done - self.bar.n)
-        self.bar.set_postfix(tok_s=f"{rep.tokens_per_s:.0f}", tokens=rep.completion_tokens)
-        if time.monotonic() - self.last > 10 or rep.new == todo:
-            self.last = time.monotonic()
-            self.context.log.info(f"{rep.new}/{todo} new samples, {rep.completion_tokens:,} tokens, "
-                                  f"{rep.tokens_per_s:.1f} tokens/s")
-
-    def http(self, p):
-        self.context.log.info(p.line())
-
-    def close(self):
-        self.bar.close()
+def _validate(config: GenerationConfig) -> None:
+    if config.backend not in BACKENDS:
+        raise dg.Failure(f"unknown backend {config.backend!r}; expected one of {BACKENDS}")
+    for where, kind in [("budget_policy", config.budget_policy), *config.budget_policies.items()]:
+        if kind not in POLICIES:
+            raise dg.Failure(f"raw_responses config, field {where!r}: unknown budget policy {kind!r}; "
+                             f"expected one of {POLICIES}")
 
 
-def _run_local(context, config, model, requests, store, budget, sampling, progress):
+def _run_local(context, config, model, preps: list[PreparedDataset], sampling) -> dict[str, dict]:
+    from tqdm import tqdm
+
     from eagle3_assets.generation.local import generate_local
 
-    rep = generate_local(model, requests, store, sampling, budget, max_new_tokens=config.max_new_tokens,
-                         batch_size=config.batch_size, progress=progress.local)
-    return {
-        "new_responses": rep.new, "new_completion_tokens": rep.completion_tokens, "left_by_budget": rep.left_by_budget,
-        "tokens_per_s": round(rep.tokens_per_s, 2), "seconds": round(rep.seconds, 2), "cost_usd_new": 0.0,
-        "finish_reasons": md_table([{"finish_reason": k, "new": v} for k, v in sorted(rep.finish_reasons.items())]),
-    }
+    out = {}
+    for p in preps:
+        bar = tqdm(total=len(p.requests), initial=p.already_done, desc=f"generate {p.dataset}", unit="sample",
+                   file=sys.stderr)
+        last = [time.monotonic()]
+
+        def progress(rep, todo, bar=bar, last=last, ds=p.dataset):
+            bar.update(rep.new - (bar.n - bar.initial))
+            bar.set_postfix(tok_s=f"{rep.tokens_per_s:.0f}", tokens=rep.completion_tokens)
+            if time.monotonic() - last[0] > 10 or rep.new == todo:
+                last[0] = time.monotonic()
+                context.log.info(f"{ds}: {rep.new}/{todo} new samples, {rep.completion_tokens:,} tokens, "
+                                 f"{rep.tokens_per_s:.1f} tokens/s")
+
+        try:
+            rep = generate_local(model, p.todo, p.store, sampling, p.budget, max_new_tokens=config.max_new_tokens,
+                                 batch_size=config.batch_size, progress=progress)
+        finally:
+            bar.close()
+        out[p.dataset] = summarize(p, "local", rep)
+    return out
 
 
-def _run_http(context, config, backend, client_cfg, requests, store, budget, sampling, progress):
-    from eagle3_assets.generation.http_engine import generate_http, plan_remaining, raise_for_stop
+def _run_http(context, config, backend, client_cfg, concurrency, preps, sampling):
+    from eagle3_assets.generation.http_engine import EngineSettings, generate_datasets
 
-    prices = getattr(backend, "prices", None)
-    plan = plan_remaining(requests, store, budget.limit, max_tokens=config.max_new_tokens, prices=prices)
-    cost = "n/a (no prices configured)" if plan.projected_cost_usd is None else f"${plan.projected_cost_usd:,.2f} (ESTIMATE)"
-    context.log.info(f"to do: {plan.todo} samples; budget left {plan.budget_remaining:,} tokens "
-                     f"(room for {plan.fits_worst_case} at max_tokens); projected cost {cost}")
-    rep = generate_http(requests, backend, store, budget, sampling=sampling, max_tokens=config.max_new_tokens,
-                        concurrency=config.concurrency, progress=progress.http, bar=True, client=client_cfg,
-                        max_new_samples=config.max_samples or None)
-    raise_for_stop(rep)
-    s = rep.summary()
-    return {
-        "new_responses": rep.new, "new_completion_tokens": rep.completion_tokens, "left_by_budget": rep.left_by_budget,
-        "tokens_per_s": round(rep.tokens_per_s, 2), "seconds": round(rep.elapsed_s, 2),
-        "cost_usd_new": rep.cost_usd, "errors": rep.errors, "retries": dict(rep.retries),
-        "achieved_concurrency": s.get("achieved_concurrency"),
-        "finish_reasons": md_table([{"finish_reason": k, "new": v} for k, v in sorted(rep.finish_reasons.items())]),
-        "plan_before_run (estimate)": {k: v for k, v in plan.summary().items() if not isinstance(v, dict)},
-    }
+    settings = EngineSettings(concurrency=concurrency, max_tokens=config.max_new_tokens, client=client_cfg, bar=True)
+    context.log.info(f"{backend.source}: {len(preps)} dataset(s) through one gate of {concurrency} requests in flight")
+    run = generate_datasets([p.job() for p in preps], backend, sampling=sampling, settings=settings,
+                            progress=lambda p: context.log.info(p.line()))
+    return {p.dataset: summarize(p, backend.source, run.lanes[p.dataset]) for p in preps}, run
+
+
+def _metadata(s: dict, store_dir) -> dict:
+    md = {k: v for k, v in s.items() if k not in ("dataset", "plan_before_run", "finish_reasons", "errors_by_reason",
+                                                   "flags")}
+    md["finish_reasons"] = md_table([{"finish_reason": k, "new": v} for k, v in sorted(s["finish_reasons"].items())])
+    md["errors_by_reason"] = md_table([{"reason": k, "samples": v} for k, v in sorted(s["errors_by_reason"].items())])
+    md["plan_before_run (estimate)"] = s["plan_before_run"]
+    md["path"] = dg.MetadataValue.path(str(store_dir))
+    return md
 
 
 @dg.asset(
@@ -100,8 +110,9 @@ def _run_http(context, config, backend, client_cfg, requests, store, budget, sam
     deps=[prompts],
     group_name="generation",
     kinds={"jsonl"},
-    pool="gpu",
-    description="Responses of the target model, resumable by sample id across sources, within the token budget.",
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    description="Responses of the target model, resumable by sample id across sources, within the token budget. "
+                "A backfill serves every selected dataset in one step (one in-flight gate for HTTP backends).",
 )
 def raw_responses(
     context: dg.AssetExecutionContext,
@@ -113,58 +124,62 @@ def raw_responses(
     vllm: VLLMResource,
     dataset_settings: DatasetSettings,
 ) -> dg.MaterializeResult:
-    if config.backend not in BACKENDS:
-        raise ValueError(f"unknown backend {config.backend!r}; expected one of {BACKENDS}")
-    dataset = context.partition_key
+    _validate(config)
+    datasets = list(context.partition_keys)
     layout = storage.layout
-    store = ResponseStore(layout.responses_dir(dataset))
-    torn = store.drop_torn_tail(config.backend)
-    if torn:
-        context.log.warning(f"dropped a torn last line ({torn} bytes) left by an interrupted run")
     spec = target.spec()
-    model = target.load_model() if config.backend == "local" else None
-    tok = target.load_tokenizer()
     sampling = SamplingSettings(target=spec.name, temperature=config.temperature, top_p=config.top_p,
                                 seed=config.seed, samples_per_prompt=config.samples_per_prompt)
-    requests = plan_samples(dataset, read_prompt_table(layout.prompt_table(dataset)), sampling)
-    existing = store.rows()
-    done = {r["sample_id"] for r in existing}
-    if config.max_samples:
-        missing = [r for r in requests if r.sample_id not in done][: config.max_samples]
-        requests = [r for r in requests if r.sample_id in done] + missing
-    budget = TokenBudget(dataset_settings.budget_for(dataset), used=sum(r["completion_tokens"] or 0 for r in existing))
-    context.log.info(f"{dataset}: {len(requests)} samples planned, {len(done)} on disk (all sources); "
-                     f"budget {budget.limit:,} tokens, {budget.remaining:,} left; backend {config.backend}")
-    progress = _Progress(context, dataset, len(requests), sum(1 for r in requests if r.sample_id in done))
-    try:
-        if config.backend == "local":
-            figures = _run_local(context, config, model, requests, store, budget, sampling, progress)
-        elif config.backend == "sglang":
-            figures = _run_http(context, config, sglang.backend(tok.render_prompt), sglang.client_config(),
-                                requests, store, budget, sampling, progress)
-        elif config.backend == "vllm":
-            figures = _run_http(context, config, vllm.backend(tok.render_prompt, spec.served_name), vllm.client_config(),
-                                requests, store, budget, sampling, progress)
-        else:
-            figures = _run_http(context, config, openrouter.backend(spec.served_name), openrouter.client_config(),
-                                requests, store, budget, sampling, progress)
-    finally:
-        progress.close()
-    if figures["left_by_budget"]:
-        context.log.warning(f"{figures['left_by_budget']} samples not generated: the token budget is spent")
-    total = store.rows()
-    return dg.MaterializeResult(
-        metadata={
-            **figures,
-            "backend": config.backend,
-            "total_responses": len(total),
-            "skipped_already_done": len(done & {r.sample_id for r in requests}),
-            "total_completion_tokens": sum(r["completion_tokens"] or 0 for r in total),
-            "total_cost_usd": math.fsum(r.get("cost_usd") or 0.0 for r in total),
-            "budget_tokens": budget.limit,
-            "budget_remaining": budget.limit - sum(r["completion_tokens"] or 0 for r in total),
-            "target": spec.name,
-            "sampling": sampling.as_dict(),
-            "path": dg.MetadataValue.path(str(store.dir)),
-        }
-    )
+    backend = None
+    if config.backend == "sglang":
+        backend, client_cfg, limit = (sglang.backend(target.load_tokenizer().render_prompt), sglang.client_config(),
+                                      config.concurrency or sglang.default_in_flight())
+    elif config.backend == "openrouter":
+        backend, client_cfg, limit = (openrouter.backend(spec.served_name), openrouter.client_config(),
+                                      config.concurrency or openrouter.default_in_flight())
+    elif config.backend == "vllm":
+        backend, client_cfg, limit = (vllm.backend(target.load_tokenizer().render_prompt, spec.served_name),
+                                      vllm.client_config(), config.concurrency or vllm.default_in_flight())
+    preps = []
+    for ds in datasets:
+        policy = AdmissionPolicy(config.budget_policies.get(ds, config.budget_policy))
+        p = prepare_dataset(layout, ds, sampling, source=config.backend, budget_tokens=dataset_settings.budget_for(ds),
+                            policy=policy, max_tokens=config.max_new_tokens, max_samples=config.max_samples,
+                            prices=getattr(backend, "prices", None))
+        if p.torn_bytes:
+            context.log.warning(f"{ds}: dropped a torn last line ({p.torn_bytes} bytes) left by an interrupted run")
+        context.log.info(f"{ds}: {len(p.requests)} samples planned, {p.already_done} on disk (all sources); budget "
+                         f"{p.budget.limit:,} tokens ({policy.kind}), {p.budget.remaining:,} left; {p.plan.line()}")
+        preps.append(p)
+
+    run = None
+    if config.backend == "local":
+        with pool_slot(context, "gpu"):
+            summaries = _run_local(context, config, target.load_model(), preps, sampling)
+    elif config.backend in ("sglang", "vllm"):  # servers on this deployment's GPUs
+        with pool_slot(context, "gpu"):
+            summaries, run = _run_http(context, config, backend, client_cfg, limit, preps, sampling)
+    else:
+        summaries, run = _run_http(context, config, backend, client_cfg, limit, preps, sampling)
+
+    for p in preps:
+        s = summaries[p.dataset]
+        p.store.write_last_run({**s, "target": spec.name, "sampling": sampling.as_dict(), "finished_at": time.time()})
+        line = missing_line(s)
+        if line:
+            context.log.warning(line)
+        context.add_asset_metadata(_metadata(s, p.store.dir), partition_key=p.dataset)
+    if run is not None:
+        from eagle3_assets.generation.http_engine import raise_for_stop
+
+        raise_for_stop(run)
+    common = {"target": spec.name, "sampling": sampling.as_dict(), "datasets_in_run": len(datasets)}
+    if run is not None:
+        common.update({
+            "run_concurrency": run.concurrency, "run_in_flight_peak": run.in_flight_peak,
+            "run_in_flight_mean": round(run.in_flight_mean, 1), "run_full_gate_share": round(run.full_gate_share, 4),
+            "run_attempts": run.attempts, "run_billed_usd": run.billed_usd, "run_cost_usd_kept": run.cost_usd,
+            "run_seconds": round(run.elapsed_s, 2),
+            "run_backend_info": {k: v for k, v in run.backend_info.items() if not isinstance(v, dict)},
+        })
+    return dg.MaterializeResult(metadata=common)

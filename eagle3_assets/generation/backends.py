@@ -15,7 +15,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from eagle3_assets.generation.http_engine import BackendUnavailable, Outcome, Prices, _parse_json, classify
+from eagle3_assets.generation.classify import Outcome, classify, parse_json
+from eagle3_assets.generation.http_config import Prices
+from eagle3_assets.generation.http_report import BackendUnavailable
 from eagle3_assets.generation.response_store import now_iso
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
 
@@ -130,7 +132,7 @@ class SGLangBackend:
 
     def parse(self, prepared: Prepared, status: int, headers, body: bytes, *, latency_s: float, attempts: int,
               base_url: str) -> Parsed:
-        data, ok = _parse_json(body)
+        data, ok = parse_json(body)
         outcome = classify(status, data if ok else body, headers)
         if not outcome.ok:
             return Parsed(outcome)
@@ -260,7 +262,7 @@ class OpenRouterBackend:
 
     def parse(self, prepared: Prepared, status: int, headers, body: bytes, *, latency_s: float, attempts: int,
               base_url: str) -> Parsed:
-        data, ok = _parse_json(body)
+        data, ok = parse_json(body)
         outcome = classify(status, data if ok else body, headers)
         usage = data.get("usage") if isinstance(data, dict) else None
         cost = usage.get("cost") if isinstance(usage, dict) else None
@@ -300,7 +302,7 @@ class OpenRouterBackend:
 
     async def _key(self, client) -> tuple[int, dict | None]:
         r = await client.get(self.base_url + "/key", timeout=30.0)
-        data, ok = _parse_json(r.content)
+        data, ok = parse_json(r.content)
         return r.status_code, (data.get("data") if ok and isinstance(data, dict) else None)
 
     async def preflight(self, client, base_urls) -> tuple[dict, Outcome | None]:

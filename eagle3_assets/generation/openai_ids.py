@@ -27,7 +27,8 @@ import json
 from collections.abc import Callable
 
 from eagle3_assets.generation.backends import FINISH, Parsed, Prepared, _base_row, _redactor, sample_seed
-from eagle3_assets.generation.http_engine import BackendUnavailable, Outcome, _parse_json, classify
+from eagle3_assets.generation.classify import Outcome, classify, parse_json
+from eagle3_assets.generation.http_report import BackendUnavailable
 from eagle3_assets.generation.response_store import now_iso
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
 
@@ -88,7 +89,7 @@ class OpenAIIdsBackend:
 
     def parse(self, prepared: Prepared, status: int, headers, body: bytes, *, latency_s: float, attempts: int,
               base_url: str) -> Parsed:
-        data, ok = _parse_json(body)
+        data, ok = parse_json(body)
         outcome = classify(status, data if ok else body, headers)
         if not outcome.ok:
             return Parsed(Outcome(outcome.kind, outcome.reason, outcome.retry_after, outcome.cooldown,
@@ -149,7 +150,7 @@ class OpenAIIdsBackend:
                 return info, Outcome("stop", "unauthorized", message=self.redact(r.text[:300]), status=401)
             if r.status_code != 200:
                 raise BackendUnavailable(f"{url}/models answered {r.status_code}")
-            data, ok = _parse_json(r.content)
+            data, ok = parse_json(r.content)
             names = [m.get("id") for m in (data.get("data") or [])] if ok and isinstance(data, dict) else []
             if self.model and self.model not in names:
                 raise BackendUnavailable(f"{url} serves {names}, not {self.model!r} (--served-model-name)")

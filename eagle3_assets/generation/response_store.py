@@ -1,8 +1,13 @@
 """The append-only response files of one dataset: ``responses/<dataset>/<source>.jsonl``.
 
-One writer per file appends whole lines and fsyncs each batch, so a crash can only leave a
-torn last line, which is detected and cut off before the next append. Resume asks which
+One writer per file appends whole lines with one ``write`` system call each, so a killed process
+loses nothing the operating system already has and a crash can only leave a torn last line, which
+is detected and cut off before the next append. ``fsync`` runs per batch (``write_batch``) or on
+the caller's schedule (``sync``), which bounds what a machine crash can lose. Resume asks which
 sample ids are already present in *any* source; nothing here counts lines.
+
+Beside the sources live ``errors.jsonl`` (samples that failed, with their reason) and
+``billing.jsonl`` (dollars billed for attempts that left no row: failed or lost replies).
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ RESPONSE_FIELDS = (
     "prompt_tokens", "completion_tokens", "reasoning_tokens", "cost_usd", "latency_s", "attempts", "created_at",
     "native_finish_reason", "generation_id", "flags",
 )
+
+
+# Files in a dataset's response directory that hold no response rows.
+NOT_SOURCES = ("errors.jsonl", "billing.jsonl")
 
 
 class CorruptResponseFile(ValueError):
@@ -60,10 +69,14 @@ class ResponseStore:
     def errors_path(self) -> Path:
         return self.dir / "errors.jsonl"
 
+    @property
+    def billing_path(self) -> Path:
+        return self.dir / "billing.jsonl"
+
     def source_files(self) -> list[Path]:
         if not self.dir.is_dir():
             return []
-        return sorted(p for p in self.dir.glob("*.jsonl") if p.name != "errors.jsonl")
+        return sorted(p for p in self.dir.glob("*.jsonl") if p.name not in NOT_SOURCES)
 
     def torn_bytes(self, source: str) -> int:
         p = self.path(source)
@@ -113,42 +126,142 @@ class ResponseStore:
         return ResponseWriter(self, source)
 
     def append_error(self, record: dict) -> None:
+        with JsonlAppender(self.errors_path) as out:
+            out.append(record)
+            out.sync()
+
+    @property
+    def last_run_path(self) -> Path:
+        return self.dir / "last_run.json"
+
+    def write_last_run(self, summary: dict) -> None:
+        """The dataset's last ``raw_responses`` figures (why samples are missing, among others)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        with self.errors_path.open("ab") as fh:
-            fh.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
-            fh.flush()
-            os.fsync(fh.fileno())
+        tmp = self.last_run_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, ensure_ascii=False, default=str, indent=1))
+        os.replace(tmp, self.last_run_path)
+
+    def last_run(self) -> dict | None:
+        try:
+            return json.loads(self.last_run_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def errors(self) -> list[dict]:
+        return list(iter_jsonl(self.errors_path))
+
+    def billing(self) -> list[dict]:
+        return list(iter_jsonl(self.billing_path))
+
+
+def iter_jsonl(path: Path) -> Iterator[dict]:
+    """Complete JSON lines of a side file (errors, billing); a torn last line is ignored."""
+    if not path.exists():
+        return
+    with path.open("rb") as fh:
+        data = fh.read(_complete_length(path))
+    for line_no, raw in enumerate(data.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            yield json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise CorruptResponseFile(f"{path}, line {line_no}: not valid JSON ({e.msg})") from None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+class JsonlAppender:
+    """Appends whole JSON lines to one file, each with a single ``write`` (O_APPEND). The file is
+    created by the first record, so a run without errors leaves no empty errors file."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._fd: int | None = None
+        self.dirty = False
+
+    def __enter__(self) -> JsonlAppender:
+        return self
+
+    def _open(self) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():  # a torn last line from a crash: cut it before appending
+            keep = _complete_length(self.path)
+            if keep != self.path.stat().st_size:
+                os.truncate(self.path, keep)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return self._fd
+
+    def append(self, record: dict) -> None:
+        fd = self._fd if self._fd is not None else self._open()
+        _write_all(fd, (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+        self.dirty = True
+
+    def sync(self) -> None:
+        if self.dirty and self._fd is not None:
+            self.dirty = False
+            os.fsync(self._fd)
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            try:
+                self.sync()
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+
+def encode_row(row: dict) -> bytes:
+    return (json.dumps({k: row.get(k) for k in RESPONSE_FIELDS}, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 class ResponseWriter:
-    """The single writer of one source file; use as a context manager."""
+    """The single writer of one source file; use as a context manager.
+
+    ``write_row`` hands one row to the operating system at once (a killed process cannot lose it);
+    ``sync`` makes what was written durable against a machine crash; ``write_batch`` does both.
+    """
 
     def __init__(self, store: ResponseStore, source: str):
         self.store, self.source = store, source
-        self._fh = None
+        self._fd: int | None = None
+        self.dirty = False
 
     def __enter__(self) -> ResponseWriter:
         self.store.dir.mkdir(parents=True, exist_ok=True)
         self.store.drop_torn_tail(self.source)
-        self._fh = self.store.path(self.source).open("ab")
+        self._fd = os.open(self.store.path(self.source), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         return self
+
+    def write_row(self, row: dict) -> None:
+        _write_all(self._fd, encode_row(row))
+        self.dirty = True
+
+    def sync(self) -> None:
+        if self.dirty and self._fd is not None:
+            self.dirty = False
+            os.fsync(self._fd)
 
     def write_batch(self, rows: list[dict]) -> None:
         """Append whole rows and make them durable before returning."""
         if not rows:
             return
-        payload = b"".join(
-            (json.dumps({k: r.get(k) for k in RESPONSE_FIELDS}, ensure_ascii=False) + "\n").encode("utf-8")
-            for r in rows
-        )
-        self._fh.write(payload)
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        _write_all(self._fd, b"".join(encode_row(r) for r in rows))
+        self.dirty = True
+        self.sync()
 
     def __exit__(self, *exc) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        if self._fd is not None:
+            try:
+                self.sync()
+            finally:
+                os.close(self._fd)
+                self._fd = None
 
 
 def now_iso() -> str:

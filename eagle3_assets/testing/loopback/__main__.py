@@ -18,6 +18,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", default="", help="model directory or a bundled target: smollm2 (default), kimi-mini")
     p.add_argument("--latency", type=float, default=0.0, help="simulated seconds added to every generation")
     p.add_argument("--latency-jitter", type=float, default=0.0, help="plus uniform(0, this) seconds")
+    p.add_argument("--latency-exp", action="store_true", help="--latency is the mean of an exponential draw")
+    p.add_argument("--latency-per-token", type=float, default=0.0, help="plus this many seconds per generated token")
+    p.add_argument("--lengths", default="uniform",
+                   help="synthetic reply lengths: uniform, or lognormal:MEDIAN:SIGMA (heavy-tailed)")
+    p.add_argument("--group-by-prefix", action="store_true",
+                   help="count requests in flight by the text before ':' in the first message (e.g. the dataset)")
     p.add_argument("--faults", default="", help="e.g. 429=0.05,502=0.05,heartbeat=0.2,drop=0.01")
     p.add_argument("--script", default="", help="scripted faults in arrival order, e.g. ok,429,ok,401")
     p.add_argument("--then", default="", help="fault for every request after the script (default: --faults)")
@@ -42,7 +48,9 @@ def make_app(args):
     from .generators import ModelGenerator, SyntheticGenerator
 
     if args.synthetic:
-        gen = SyntheticGenerator()
+        kind, _, rest = args.lengths.partition(":")
+        median, _, sigma = rest.partition(":")
+        gen = SyntheticGenerator(lengths=kind, median=float(median or 64), sigma=float(sigma or 1.0))
     else:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from eagle3_assets.paths import REPO_ROOT
@@ -60,7 +68,11 @@ def make_app(args):
         gen = ModelGenerator(EmbeddedModel(model_dir, tokenizer=tok), max_batch=args.max_batch)
     faults = FaultPlan.from_strings(args.faults, args.script, then=args.then, seed=args.seed,
                                     retry_after_s=args.retry_after, slow_s=args.slow)
-    common = dict(faults=faults, latency_s=args.latency, latency_jitter_s=args.latency_jitter, seed=args.seed)
+    from .observe import prefix_group
+
+    common = dict(faults=faults, latency_s=args.latency, latency_jitter_s=args.latency_jitter,
+                  latency_exponential=args.latency_exp, latency_per_token_s=args.latency_per_token,
+                  group_of=prefix_group if args.group_by_prefix else None, seed=args.seed)
     if args.protocol == "sglang":
         return SGLangApp(gen, prefix_bug=args.prefix_bug, healthy=not args.unhealthy, **common)
     return OpenRouterApp(gen, api_key=args.api_key, prompt_price=args.price_in / 1e6,

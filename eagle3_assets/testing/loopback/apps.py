@@ -18,6 +18,7 @@ from collections import Counter
 
 from .faults import FaultPlan
 from .http import HTTPServer, Reply, Request
+from .observe import Observer
 
 STATUS_OF = {"429": 429, "408": 408, "500": 500, "502": 502, "503": 503, "524": 524, "529": 529,
              "402inflight": 402, "402credits": 402, "402keylimit": 402, "401": 401, "400": 400}
@@ -66,10 +67,19 @@ class LoopbackApp:
     name = "loopback"
 
     def __init__(self, generator, *, faults: FaultPlan | None = None, latency_s: float = 0.0,
-                 latency_jitter_s: float = 0.0, seed: int = 0):
+                 latency_jitter_s: float = 0.0, latency_exponential: bool = False, latency_per_token_s: float = 0.0,
+                 group_of=None, seed: int = 0):
+        """Latency: ``latency_s`` (the mean of an exponential draw with ``latency_exponential``) plus
+        uniform(0, ``latency_jitter_s``) before generating, plus ``latency_per_token_s`` per generated
+        token after it (long replies take longer, as with a real decoder). ``group_of(body)`` names
+        a request's group for the concurrency-by-group figures; ``on_request(n)``, when set, is
+        called with the running count of generation requests (tests use it to kill a client)."""
         self.gen = generator
         self.faults = faults or FaultPlan()
         self.latency_s, self.latency_jitter_s = latency_s, latency_jitter_s
+        self.latency_exponential, self.latency_per_token_s = latency_exponential, latency_per_token_s
+        self.observer = Observer(group_of)
+        self.on_request = None
         self._rng = random.Random(seed + 1)
         self.server: HTTPServer | None = None
         self.requests = 0
@@ -113,7 +123,9 @@ class LoopbackApp:
         return Reply.json({"detail": "Not Found"}, 404)
 
     async def simulated_latency(self, fault: str) -> None:
-        delay = self.latency_s + (self._rng.uniform(0, self.latency_jitter_s) if self.latency_jitter_s else 0.0)
+        base = self._rng.expovariate(1.0 / self.latency_s) if self.latency_exponential and self.latency_s > 0 \
+            else self.latency_s
+        delay = base + (self._rng.uniform(0, self.latency_jitter_s) if self.latency_jitter_s else 0.0)
         if fault == "slow":
             delay += self.faults.slow_s
         if delay > 0:
@@ -130,6 +142,7 @@ class LoopbackApp:
         self.by_status.clear()
         self.generated.clear()
         self.faults.injected.clear()
+        self.observer.reset()
         if self.server is not None:
             self.server.meter.reset()
 
@@ -152,6 +165,7 @@ class LoopbackApp:
             "concurrency_area": meter.area if meter else 0.0,  # mean over [t1, t2] = d(area) / d(time)
             "time": time.monotonic(),
             "connections_open": self.server.connections if self.server else 0,
+            **self.observer.stats(),
         }
 
 
@@ -320,6 +334,8 @@ class OpenRouterApp(LoopbackApp):
 
     async def complete(self, req: Request) -> Reply:
         self.requests += 1
+        if self.on_request is not None:
+            self.on_request(self.requests)
         try:
             body = req.json()
         except ValueError:
@@ -327,6 +343,13 @@ class OpenRouterApp(LoopbackApp):
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return Reply.json({"error": {"code": 400, "message": "messages must be a non-empty array"}}, 400)
+        group = self.observer.enter(body)
+        try:
+            return await self._complete(body, messages)
+        finally:
+            self.observer.leave(group)
+
+    async def _complete(self, body: dict, messages: list) -> Reply:
         if self.credits_usd is not None and math.fsum(self.billed) >= self.credits_usd:
             return error_reply("402credits", self.faults.retry_after_s)
         fault = self.faults.next()
@@ -357,6 +380,8 @@ class OpenRouterApp(LoopbackApp):
             })
         out = await self.gen.generate(prompt_ids, max_new_tokens=max_tokens, temperature=temperature,
                                       top_p=float(body.get("top_p", 1.0)), seed=int(body.get("seed", 0) or 0))
+        if self.latency_per_token_s:
+            await asyncio.sleep(len(out.output_ids) * self.latency_per_token_s)
         reasoning_cfg = body.get("reasoning")
         thinking = (bool(reasoning_cfg) and reasoning_cfg.get("enabled", True) is not False
                     and reasoning_cfg.get("effort") != "none")
@@ -367,7 +392,10 @@ class OpenRouterApp(LoopbackApp):
         cost = len(prompt_ids) * self.prompt_price + n * self.completion_price
         self.billed.append(cost)
         self.completion_tokens_billed += n
-        self.generated[messages_key(messages)] += 1
+        key = messages_key(messages)
+        self.generated[key] += 1
+        if fault == "billed_drop":  # generated and billed, then lost on the way
+            return Reply(drop=True)
         reply = Reply.json({
             "id": gen_id, "provider": self.provider_name, "model": model, "object": "chat.completion",
             "created": int(time.time()), "system_fingerprint": None,
@@ -380,4 +408,5 @@ class OpenRouterApp(LoopbackApp):
                       "completion_tokens_details": {"reasoning_tokens": r},
                       "cost_details": {"upstream_inference_cost": None}},
         })
+        reply.on_sent = lambda: self.observer.delivered(key)
         return self.with_fault_shape(fault, reply)

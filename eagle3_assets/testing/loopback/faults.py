@@ -21,6 +21,8 @@ Faults (wire formats follow the OpenRouter and SGLang documentation):
 ``heartbeat``  a normal reply preceded by blank-line heartbeats (chunked, status already 200)
 ``slow``       a normal reply after an extra delay
 ``drop``       the connection is closed without any reply
+``billed_drop`` the reply is generated and billed (OpenRouter), then the connection is closed before
+               it is sent: the client sees a disconnect, the key's usage grows
 ``402inflight`` 402 ``limit_source: openrouter_in_flight_budget`` with ``Retry-After`` (retryable)
 ``402credits`` 402 ``limit_source: openrouter_credits`` (stop the run)
 ``402keylimit`` 402 ``limit_source: openrouter_key_limit`` (stop the run)
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 
 FAULTS = (
     "ok", "429", "408", "500", "502", "503", "524", "529", "error200", "finish_error", "heartbeat",
-    "slow", "drop", "402inflight", "402credits", "402keylimit", "401", "400",
+    "slow", "drop", "billed_drop", "402inflight", "402credits", "402keylimit", "401", "400",
 )
 
 

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import hashlib
 import json
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -123,9 +124,24 @@ class SyntheticGenerator:
     synthetic = True
     name = "synthetic-loopback"
 
-    def __init__(self, *, stop_id: int = 2, vocab_size: int = 49152):
+    def __init__(self, *, stop_id: int = 2, vocab_size: int = 49152, lengths: str = "uniform",
+                 median: float = 64.0, sigma: float = 1.0):
+        """``lengths``: ``uniform`` (1 to 1.5 x max_tokens) or ``lognormal`` (heavy-tailed: ``median``
+        tokens, log-scale spread ``sigma``, cut at max_tokens), both a deterministic hash of the prompt."""
+        if lengths not in ("uniform", "lognormal"):
+            raise ValueError(f"unknown length distribution {lengths!r}")
         self.stop_ids = [stop_id]
         self.vocab_size = vocab_size
+        self.lengths, self.median, self.sigma = lengths, median, sigma
+
+    def _length(self, h: bytes, max_new_tokens: int) -> int:
+        if self.lengths == "lognormal":
+            u1 = (int.from_bytes(h[:4], "big") + 0.5) / 2**32
+            u2 = (int.from_bytes(h[28:32], "big") + 0.5) / 2**32
+            z = math.sqrt(-2.0 * math.log(u1)) * math.cos(2 * math.pi * u2)  # Box-Muller
+            return max(1, int(round(self.median * math.exp(self.sigma * z))))
+        span = max_new_tokens + max_new_tokens // 2
+        return 1 + int.from_bytes(h[:4], "big") % max(1, span)
 
     def render(self, messages: list[dict]) -> list[int]:
         raw = json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
@@ -140,8 +156,7 @@ class SyntheticGenerator:
 
     def generate_now(self, prompt_ids: list[int], *, max_new_tokens: int, seed: int = 0) -> Output:
         h = hashlib.sha256(json.dumps([prompt_ids[-64:], len(prompt_ids), seed]).encode()).digest()
-        span = max_new_tokens + max_new_tokens // 2
-        length = 1 + int.from_bytes(h[:4], "big") % max(1, span)
+        length = self._length(h, max_new_tokens)
         ids = [100 + (h[4 + (i % 28)] * 131 + i * 7919) % (self.vocab_size - 100)
                for i in range(min(length, max_new_tokens))]
         if length < max_new_tokens:

@@ -41,6 +41,7 @@ class Reply:
     heartbeats: int = 0  # whitespace chunks sent before the body (chunked encoding)
     heartbeat_interval_s: float = 0.05
     drop: bool = False  # close the connection without replying
+    on_sent: Callable[[], None] | None = None  # called once the whole reply is in the socket
 
     @classmethod
     def json(cls, obj, status: int = 200, headers: dict | None = None, **kw) -> Reply:
@@ -152,6 +153,8 @@ class HTTPServer:
                         writer.transport.abort()
                         return
                     await self._write(writer, reply)
+                    if reply.on_sent is not None:
+                        reply.on_sent()
                 finally:
                     self.meter.leave()
                 if headers.get("connection", "").lower() == "close" or version == "HTTP/1.0":

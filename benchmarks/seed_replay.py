@@ -1,0 +1,360 @@
+"""Benchmark: the original pipeline's job - many datasets through the API at once - launched as a
+user launches it, against the engine alone on the same prompts and the same in-flight limit.
+
+Both sides talk to one loopback OpenRouter server in its own process (synthetic replies:
+log-normal lengths, an exponential latency plus a per-token time so a reply takes ~3 s, and faults
+on: 429, 502, dropped connections, replies billed then dropped, heartbeats). Every dataset has a
+token budget (``--budget-share`` makes it bind before its prompts run out; policy ``expected``).
+
+1. **engine alone**: :func:`run_datasets` in this process, every dataset through one gate;
+2. **as a user**: ``dagster dev`` (webserver + daemon) on a fresh instance, then a backfill of
+   ``raw_responses`` for every dataset over GraphQL (what the UI's *Materialize* and
+   ``eagle3 backfill`` send), timed from the launch until the backfill is complete.
+
+Printed: wall times and their ratio (target <= 1.3), the user path broken into launch -> first
+request -> last reply -> run ended, the peak and mean in flight the server saw and how many
+datasets it saw at once, each dataset's final tokens against its budget, and dollars billed by
+the server against dollars kept in rows and reported in the metadata.
+
+    .venv/bin/python benchmarks/seed_replay.py                       # 8 x 500 prompts, 2,000 in flight
+    # the original job's shape: each dataset ~12 waves of its 250-request share, budgets binding
+    .venv/bin/python benchmarks/seed_replay.py --prompts 3000 --budget-share 0.8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from eagle3_assets.generation.admission import AdmissionPolicy  # noqa: E402
+from eagle3_assets.generation.backends import OpenRouterBackend  # noqa: E402
+from eagle3_assets.generation.dataset_run import prepare_dataset  # noqa: E402
+from eagle3_assets.generation.http_engine import EngineSettings, generate_datasets  # noqa: E402
+from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
+from eagle3_assets.generation.samples import SamplingSettings  # noqa: E402
+from eagle3_assets.graphql_client import DagsterWebserver, WebserverError  # noqa: E402
+from eagle3_assets.paths import DataLayout, ensure_dagster_home  # noqa: E402
+from eagle3_assets.prompts.reader import Prompt  # noqa: E402
+from eagle3_assets.prompts.table import write_prompt_table  # noqa: E402
+
+KEY = "sk-or-v1-seed-replay-benchmark"
+FAULTS = "429=0.02,502=0.02,drop=0.01,billed_drop=0.01,heartbeat=0.05"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "eagle3_assets.testing.loopback", "openrouter", "--synthetic", "--port", "0",
+           "--api-key", KEY, "--latency", str(args.latency), "--latency-exp", "--latency-per-token",
+           str(args.per_token), "--lengths", f"lognormal:{args.median}:{args.sigma}", "--faults", FAULTS,
+           "--retry-after", "1", "--seed", "1", "--group-by-prefix", "--uvloop"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise RuntimeError(f"loopback server did not start: {line}{proc.stdout.read()}")
+    return proc, line.split()[2]
+
+
+def server_stats(url: str) -> dict:
+    return httpx.get(url + "/_loopback/stats", timeout=60).json()
+
+
+def server_reset(url: str) -> None:
+    httpx.get(url + "/_loopback/reset", timeout=60)
+
+
+class CpuSampler:
+    """CPU seconds of a process tree, split into the run worker (the process that generates) and
+    the rest of `dagster dev` (webserver, daemon, code server), sampled every second so processes
+    that exit are still counted."""
+
+    def __init__(self, root_pid: int):
+        self.root = psutil.Process(root_pid)
+        self.seen: dict[int, tuple[str, float]] = {}
+        self.cmdlines: dict[int, str] = {}
+        self.base: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._sample()
+        self.base = {pid: cpu for pid, (_, cpu) in self.seen.items()}
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        for p in [self.root, *self.root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                cmd = " ".join(p.cmdline())
+                kind = "run worker" if "execute_run" in cmd or "execute_step" in cmd else "dagster dev"
+                self.cmdlines[p.pid] = cmd[:160]
+                self.seen[p.pid] = (kind, t.user + t.system)
+            except psutil.Error:
+                pass
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            self._sample()
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self.thread.join()
+        self._sample()
+        out: dict[str, float] = {}
+        for pid, (kind, cpu) in self.seen.items():
+            out[kind] = out.get(kind, 0.0) + cpu - self.base.get(pid, 0.0)
+        return out
+
+
+def write_datasets(layout: DataLayout, names: list[str], n: int) -> None:
+    for ds in names:
+        prompts = [Prompt(f"p{i}", [{"role": "user", "content": f"{ds}: question {i} - explain step {i % 97}"}], i + 1)
+                   for i in range(n)]
+        write_prompt_table(prompts, layout.prompt_table(ds))
+
+
+def dataset_figures(layout: DataLayout, names: list[str], budget: int) -> dict:
+    out = {}
+    for ds in names:
+        store = ResponseStore(layout.responses_dir(ds))
+        rows = store.rows()
+        tokens = sum(r["completion_tokens"] or 0 for r in rows)
+        out[ds] = {"rows": len(rows), "tokens": tokens, "budget": budget, "ratio": tokens / budget,
+                   "kept_usd": math.fsum(r.get("cost_usd") or 0.0 for r in rows),
+                   "billed_usd": math.fsum(r.get("cost_usd") or 0.0 for r in rows)
+                   + math.fsum(b.get("cost_usd") or 0.0 for b in store.billing())}
+    return out
+
+
+def phase_engine_alone(args, url: str, names: list[str], root: Path) -> dict:
+    layout = DataLayout(root)
+    write_datasets(layout, names, args.prompts)
+    server_reset(url)
+    billed_before = server_stats(url)["billed_usd"]
+    load = os.getloadavg()[0]
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.time()  # from here on, what the asset does too: plan every dataset, then generate
+    sampling = SamplingSettings(target="bench")
+    preps = [prepare_dataset(layout, ds, sampling, source="openrouter", budget_tokens=args.budget,
+                             policy=AdmissionPolicy(args.policy), max_tokens=args.max_tokens) for ds in names]
+    backend = OpenRouterBackend(KEY, "moonshotai/kimi-k2.5", base_url=url + "/api/v1")
+    settings = EngineSettings(concurrency=args.concurrency, max_tokens=args.max_tokens, progress_every_s=30.0)
+    run = generate_datasets([p.job() for p in preps], backend, sampling=sampling, settings=settings,
+                            progress=lambda p: print("   engine:", p.line(), flush=True))
+    t1 = time.time()
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    stats = server_stats(url)
+    stats["billed_usd"] -= billed_before  # the server's bill is cumulative
+    cpu = {"engine process": cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime}
+    return {"wall_s": t1 - t0, "done_s": t1 - t0, "t0": t0, "stats": stats, "load": load, "cpu": cpu,
+            "datasets": dataset_figures(layout, names, args.budget),
+            "reported_billed_usd": run.billed_usd, "reported_kept_usd": run.cost_usd}
+
+
+def phase_user(args, url: str, names: list[str], root: Path) -> dict:
+    layout = DataLayout(root)
+    write_datasets(layout, names, args.prompts)
+    home = ensure_dagster_home(layout)
+    import dagster as dg
+
+    from eagle3_assets.runs import ensure_pool_limits
+
+    instance = dg.DagsterInstance.from_config(str(home))
+    ensure_pool_limits(instance)
+    port = free_port()
+    env = dict(os.environ, DAGSTER_HOME=str(home), EAGLE3_HOME=str(root), OPENROUTER_API_KEY=KEY)
+    log = (root / "dagster-dev.log").open("wb")
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(ROOT / "workspace.yaml"),
+                             "-h", "127.0.0.1", "-p", str(port)], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    server = DagsterWebserver(f"http://127.0.0.1:{port}")
+    try:
+        wait_for_webserver(server, proc)
+        for ds in names:
+            server.add_partition(ds)
+        run_config = {
+            "ops": {"raw_responses": {"config": {"backend": "openrouter", "concurrency": args.concurrency,
+                                                 "max_new_tokens": args.max_tokens, "budget_policy": args.policy}}},
+            "resources": {"openrouter": {"config": {"base_url": url + "/api/v1"}},
+                          "dataset_settings": {"config": {"default_budget_tokens": args.budget}}},
+        }
+        if args.executor:
+            run_config["execution"] = {"config": {args.executor: {}}}
+        server_reset(url)
+        billed_before = server_stats(url)["billed_usd"]
+        load = os.getloadavg()[0]
+        sampler = CpuSampler(proc.pid)
+        t0 = time.time()
+        backfill_id = server.launch_backfill(names, ["raw_responses"], run_config, title="seed replay")
+        status = server.wait_for_backfill(backfill_id, timeout=args.timeout, poll=5.0)  # light on the webserver
+        t1 = time.time()
+        cpu = sampler.stop()
+        if args.keep:
+            print("   processes:", json.dumps(sampler.cmdlines, indent=1))
+        stats = server_stats(url)
+        stats["billed_usd"] -= billed_before
+        runs = [instance.get_run_by_id(r["runId"]) for r in status["runs"]]
+        runs_done = max(instance.get_run_stats(r.run_id).end_time or t1 for r in runs)
+        first_run = min(runs, key=lambda r: instance.get_run_record_by_id(r.run_id).create_timestamp.timestamp())
+        created = instance.get_run_record_by_id(first_run.run_id).create_timestamp.timestamp()
+        started = instance.get_run_stats(first_run.run_id).start_time or created
+        step = next((rec.timestamp for rec in instance.all_logs(first_run.run_id, of_type=dg.DagsterEventType.STEP_START)),
+                    started)
+        launch = {"daemon created the run": created - t0, "run worker started": started - created,
+                  "step started": step - started, "step setup to first request": stats["first_request_at"] - step}
+        mats = {}
+        for run in runs:
+            for rec in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
+                m = rec.dagster_event.event_specific_data.materialization
+                mats[m.partition] = {k: v.value for k, v in m.metadata.items()
+                                     if k in ("new_responses", "billed_usd_new", "cost_usd_new", "budget_overshoot")}
+        return {"wall_s": t1 - t0, "done_s": runs_done - t0, "t0": t0, "status": status["status"], "runs": len(runs),
+                "stats": stats, "launch": launch, "load": load, "cpu": cpu,
+                "datasets": dataset_figures(layout, names, args.budget), "metadata": mats,
+                "reported_billed_usd": sum(m.get("billed_usd_new", 0.0) for m in mats.values()),
+                "reported_kept_usd": sum(m.get("cost_usd_new", 0.0) for m in mats.values())}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+        log.close()
+        instance.dispose()
+
+
+def wait_for_webserver(server: DagsterWebserver, proc, timeout: float = 600) -> None:
+    query = """{ workspaceOrError { __typename ... on Workspace { locationEntries { name
+                 locationOrLoadError { __typename } } } } }"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"dagster dev exited with {proc.returncode}")
+        try:
+            entries = server.query(query)["workspaceOrError"]["locationEntries"]
+            if entries and all((e["locationOrLoadError"] or {}).get("__typename") == "RepositoryLocation"
+                               for e in entries):
+                return
+        except (httpx.HTTPError, WebserverError):
+            pass
+        time.sleep(1)
+    raise TimeoutError("dagster dev did not serve the code location in time")
+
+
+def report(args, alone: dict, user: dict) -> None:
+    def window(phase):
+        s = phase["stats"]
+        first, last = s["first_request_at"], s["last_delivery_at"]
+        return first - phase["t0"], last - first, phase["t0"] + phase["done_s"] - last
+
+    print(f"\n=== seed replay: {args.datasets} datasets x {args.prompts} prompts, {args.concurrency} in flight, "
+          f"budget {args.budget:,} tokens each ({args.policy}), max_tokens {args.max_tokens}")
+    print(f"{'':28}{'engine alone':>16}{'backfill (UI)':>16}")
+    print(f"{'machine load at the start':28}{alone['load']:>16.1f}{user['load']:>16.1f}")
+    print("CPU seconds:   engine alone: " + ", ".join(f"{k} {v:.1f}" for k, v in alone["cpu"].items())
+          + ";   backfill: " + ", ".join(f"{k} {v:.1f}" for k, v in user["cpu"].items()))
+    print(f"{'wall time to data, s':28}{alone['done_s']:>16.1f}{user['done_s']:>16.1f}")
+    a_w, u_w = window(alone), window(user)
+    for label, i in [("  launch -> first request", 0), ("  first request -> last reply", 1),
+                     ("  last reply -> run ended", 2)]:
+        print(f"{label:28}{a_w[i]:>16.1f}{u_w[i]:>16.1f}")
+    print(f"{'backfill marked complete, s':28}{'':>16}{user['wall_s']:>16.1f}")
+    print("  the user path's launch: " + ", ".join(f"{k} {v:.1f} s" for k, v in user["launch"].items()))
+    for ph, (_, span, _) in ((alone, a_w), (user, u_w)):  # time-weighted, first request to last reply
+        ph["stats"]["mean_in_flight"] = ph["stats"]["concurrency_area"] / span if span > 0 else 0.0
+    for label, key, fmt in [("server in flight, peak", "concurrency_peak", "{:>16d}"),
+                            ("server in flight, mean", "mean_in_flight", "{:>16.0f}"),
+                            ("datasets in flight at once", "groups_at_once_peak", "{:>16d}"),
+                            ("requests (with retries)", "requests", "{:>16d}")]:
+        print(f"{label:28}" + fmt.format(alone["stats"][key]) + fmt.format(user["stats"][key]))
+    dollars = [("dollars billed (server)", lambda p: p["stats"]["billed_usd"]),
+               ("dollars billed (reported)", lambda p: p["reported_billed_usd"]),
+               ("dollars kept (rows)", lambda p: sum(d["kept_usd"] for d in p["datasets"].values()))]
+    for label, val in dollars:
+        print(f"{label:28}{val(alone):>16.6f}{val(user):>16.6f}")
+    print(f"\nratio backfill / engine alone (launch to data): {user['done_s'] / alone['done_s']:.2f}x (target <= 1.3); "
+          f"generation window only: {u_w[1] / a_w[1]:.2f}x; backfill {user['status']} in {user['runs']} run(s)")
+    print(f"\n{'dataset':10}{'alone: tokens':>15}{'/ budget':>10}{'rows':>7}{'backfill: tokens':>18}{'/ budget':>10}"
+          f"{'rows':>7}{'billed $':>11}{'kept $':>11}")
+    for ds in sorted(alone["datasets"]):
+        a, u = alone["datasets"][ds], user["datasets"][ds]
+        print(f"{ds:10}{a['tokens']:>15,}{a['ratio']:>10.4f}{a['rows']:>7}{u['tokens']:>18,}{u['ratio']:>10.4f}"
+              f"{u['rows']:>7}{u['billed_usd']:>11.5f}{u['kept_usd']:>11.5f}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", type=int, default=8)
+    p.add_argument("--prompts", type=int, default=500, help="prompts per dataset")
+    p.add_argument("--concurrency", type=int, default=2000)
+    p.add_argument("--latency", type=float, default=2.0, help="mean of the exponential part of a reply's time, s")
+    p.add_argument("--per-token", type=float, default=0.006, help="seconds per generated token")
+    p.add_argument("--median", type=float, default=120, help="median reply length, tokens (log-normal)")
+    p.add_argument("--sigma", type=float, default=0.8, help="log-normal spread of reply lengths")
+    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--budget-share", type=float, default=0.0,
+                   help="each dataset's token budget as a share of what its prompts need (0: the default 10M, never binding)")
+    p.add_argument("--policy", choices=["expected", "strict"], default="expected")
+    p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--executor", choices=["in_process", "multiprocess", ""], default="in_process",
+                   help="the run's executor (eagle3 backfill sends in_process for a generation-only backfill)")
+    p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--keep", action="store_true", help="keep the data roots and the instance (to look at the runs)")
+    args = p.parse_args()
+    mean = args.median * math.exp(args.sigma ** 2 / 2)
+    args.budget = int(args.budget_share * args.prompts * mean) if args.budget_share else 10_000_000
+    names = [f"set{i}" for i in range(args.datasets)]
+    tmp = Path(tempfile.mkdtemp(prefix="seed-replay-"))
+    server, url = start_server(args)
+    try:
+        print(f"loopback OpenRouter at {url}; data under {tmp}", flush=True)
+        print("1/2 engine alone ...", flush=True)
+        alone = phase_engine_alone(args, url, names, tmp / "alone")
+        print(f"   {alone['wall_s']:.1f} s", flush=True)
+        print("2/2 backfill through dagster dev ...", flush=True)
+        user = phase_user(args, url, names, tmp / "user")
+        print(f"   {user['wall_s']:.1f} s", flush=True)
+        report(args, alone, user)
+        if args.json:
+            for ph in (alone, user):
+                ph["stats"].pop("deliveries", None)
+                ph["stats"].pop("generated", None)
+            Path(args.json).write_text(json.dumps({"args": vars(args), "alone": alone, "user": user}, indent=1,
+                                                  default=str))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
