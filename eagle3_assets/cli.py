@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated asset keys (default: prompts through merged_corpus)")
     p.add_argument("--url", default=os.environ.get("EAGLE3_DAGSTER_URL", "http://127.0.0.1:3000"))
     p.add_argument("--max-new-tokens", type=int, default=0, help="raw_responses max_new_tokens (default: its config)")
-    p.add_argument("--backend", choices=["local", "sglang", "openrouter"], help="raw_responses backend (default: local)")
+    p.add_argument("--backend", choices=["local", "sglang", "openrouter", "vllm"], help="raw_responses backend (default: local)")
     p.add_argument("--concurrency", type=int, default=0,
                    help="HTTP backends: requests in flight for all the datasets together (default: the resource's)")
     p.add_argument("--budget-policy", choices=["expected", "strict"], help="token budget admission (default: expected)")

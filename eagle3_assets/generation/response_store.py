@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-SOURCES = ("local", "sglang", "openrouter")
+SOURCES = ("local", "sglang", "openrouter", "vllm")
 
 # The response row contract (the README's "The graph"); writers fill every key.
 RESPONSE_FIELDS = (
