@@ -236,7 +236,7 @@ def main() -> None:
               f"tokens/s {s8['tokens_per_s'] / m8['tokens_per_s']:.3f}")
 
         from eagle3_assets.drafter.export import load_sglang
-        from eagle3_assets.drafter.model import read_target_embeddings
+        from eagle3_assets.drafter.target_weights import read_target_embeddings
 
         drafter = load_sglang(runs[1, "stream"]["sglang_dir"], read_target_embeddings(model_dir)).float().eval()
     k, n_new = ev.speculative_k, ev.eval_max_new_tokens

@@ -18,16 +18,10 @@ import pytest
 import torch
 
 from eagle3_assets.drafter.export import export_sglang, export_vllm, load_vllm
-from eagle3_assets.drafter.model import (
-    DrafterConfig,
-    KVCache,
-    build_drafter,
-    read_target_config,
-    read_target_embeddings,
-    read_target_lm_head,
-)
+from eagle3_assets.drafter.model import DrafterConfig, KVCache, build_drafter
 from eagle3_assets.drafter.recipes import RecipeError, list_recipes, load_recipe, parse_recipe
 from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate, target_features, untrained_baseline
+from eagle3_assets.drafter.target_weights import read_target_config, read_target_embeddings, read_target_lm_head
 from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint
 from eagle3_assets.drafter.training.config import TrainSettings
 from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset, collate
@@ -487,7 +481,7 @@ def test_exports_load_in_a_fresh_process(trained, features, model_dir, tmp_path)
         import torch
         from safetensors.torch import load_file
         from eagle3_assets.drafter.export import load_sglang, load_vllm
-        from eagle3_assets.drafter.model import read_target_embeddings
+        from eagle3_assets.drafter.target_weights import read_target_embeddings
         io = load_file({str(tmp_path / 'io.safetensors')!r})
         models = {{"sglang": load_sglang({str(tmp_path / 'sglang')!r}, read_target_embeddings({str(model_dir)!r})),
                    "vllm": load_vllm({str(tmp_path / 'vllm')!r})}}

@@ -6,8 +6,8 @@ import polars as pl
 import pytest
 import torch
 
+from eagle3_assets.hidden_states import encoding, shards, sizing
 from eagle3_assets.hidden_states import layers as hidden_layers
-from eagle3_assets.hidden_states import shards
 from eagle3_assets.hidden_states.extract import extract_corpus, plan_batches, verify_shards
 from eagle3_assets.hidden_states.extractors import Features, LocalExtractor, features_from_packed, split_packed
 from eagle3_assets.hidden_states.reader import ShardReader
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.model
 
 LENGTHS = [40, 33, 47, 38, 29, 44]
 H = 576
-PER_TOKEN = shards.bytes_per_token(H, "bf16")  # 8H + 5
+PER_TOKEN = sizing.bytes_per_token(H, "bf16")  # 8H + 5
 TWO_SAMPLES = 2 * 47 * PER_TOKEN + 64  # shard size holding about two samples
 
 
@@ -197,12 +197,12 @@ def test_resume_after_kill_keeps_finished_shards(tmp_path):
 
 def test_refuses_when_disk_is_short(tmp_path, monkeypatch):
     corpus = make_corpus(tmp_path / "corpus.parquet")
-    assert shards.estimate_bytes(1000, H, "bf16", 10) == 1000 * (8 * H + 5) + 10 * 128 + (1 << 20)
-    assert shards.bytes_per_token(H, "fp8") == 4 * H + 8 + 5
-    real = shards.shutil.disk_usage
-    monkeypatch.setattr(shards.shutil, "disk_usage", lambda p: real(p)._replace(free=100_000))
+    assert sizing.estimate_bytes(1000, H, "bf16", 10) == 1000 * (8 * H + 5) + 10 * 128 + (1 << 20)
+    assert sizing.bytes_per_token(H, "fp8") == 4 * H + 8 + 5
+    real = sizing.shutil.disk_usage
+    monkeypatch.setattr(sizing.shutil, "disk_usage", lambda p: real(p)._replace(free=100_000))
     out = tmp_path / "hs"
-    with pytest.raises(shards.InsufficientDiskSpace, match=r"need [\d,]+ bytes .* only 100,000 free") as err:
+    with pytest.raises(sizing.InsufficientDiskSpace, match=r"need [\d,]+ bytes .* only 100,000 free") as err:
         extract_corpus(corpus, out, Fake())
     assert str(out) in str(err.value)
     assert not list(out.glob("shard-*"))
@@ -278,9 +278,9 @@ def test_fp8_error_bound_and_size(extractor, tmp_path):
     ids = torch.randint(3, 49152, (41,), generator=torch.Generator().manual_seed(2)).tolist()
     (feat,) = extractor.extract([ids])
     for x in (feat.aux, feat.last):
-        q, scale = shards.quantize_fp8(x)
+        q, scale = encoding.quantize_fp8(x)
         assert q.dtype == torch.float8_e4m3fn and scale.shape == (41,)
-        back = shards.dequantize_fp8(q, scale)
+        back = encoding.dequantize_fp8(q, scale)
         amax = x.abs().amax(dim=-1)
         err = (back - x).abs().amax(dim=-1)
         assert bool((err <= amax / 16).all()), (err / amax).max()

@@ -238,7 +238,7 @@ def test_export_checks_refuse_what_an_engine_would_misread(tmp_path):
 def test_kimi_mini_checkpoint_is_laid_out_like_k25(kimi_mini_dir):
     from safetensors import safe_open
 
-    from eagle3_assets.drafter.model import read_target_embeddings, read_target_lm_head
+    from eagle3_assets.drafter.target_weights import read_target_embeddings, read_target_lm_head
     from eagle3_assets.target.spec import TargetSpec
 
     with safe_open(str(kimi_mini_dir / "model.safetensors"), framework="pt") as f:

@@ -39,8 +39,8 @@ def eval_prompts(layout, datasets, limit: int) -> list[list[int]]:
 def evaluate_drafter(model_dir: Path, export_dir: Path, prompts: list[list[int]], recipe) -> dict:
     """Acceptance of the exported drafter (loaded from its files alone) and of an untrained one."""
     from eagle3_assets.drafter.export import load_sglang
-    from eagle3_assets.drafter.model import read_target_embeddings
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate, untrained_baseline
+    from eagle3_assets.drafter.target_weights import read_target_embeddings
     from eagle3_assets.target.loading import load_causal_lm
 
     target = load_causal_lm(model_dir)

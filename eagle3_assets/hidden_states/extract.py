@@ -17,17 +17,9 @@ from pathlib import Path
 
 import polars as pl
 
-from eagle3_assets.hidden_states.shards import (
-    INDEX,
-    MANIFEST,
-    SHARD_RE,
-    ShardWriter,
-    check_dtype,
-    dequantize_fp8,
-    estimate_bytes,
-    preflight,
-    sha256_file,
-)
+from eagle3_assets.hidden_states.encoding import dequantize_fp8, sha256_file
+from eagle3_assets.hidden_states.shards import INDEX, MANIFEST, SHARD_RE, ShardWriter
+from eagle3_assets.hidden_states.sizing import check_dtype, estimate_bytes, preflight
 
 CORPUS_COLUMNS = ("sample_id", "split", "input_ids", "loss_mask")
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import polars as pl
 
-from eagle3_assets.hidden_states.shards import INDEX, MANIFEST, dequantize_fp8
+from eagle3_assets.hidden_states.encoding import dequantize_fp8
+from eagle3_assets.hidden_states.shards import INDEX, MANIFEST
 
 
 @dataclass

@@ -17,12 +17,9 @@ and never silently dropped.
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import json
 import os
 import re
-import shutil
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +27,10 @@ from pathlib import Path
 import polars as pl
 
 from eagle3_assets.files import write_parquet_atomic
+from eagle3_assets.hidden_states.encoding import encode_sample, write_safetensors
+from eagle3_assets.hidden_states.sizing import check_dtype
 
 FORMAT = "eagle3-hidden-states/1"
-DTYPES = ("bf16", "fp8")
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
 SHARD_RE = re.compile(r"^shard-(\d{5,})\.safetensors$")
 PROGRESS = "progress.jsonl"
 SETTINGS = "settings.json"
@@ -41,148 +38,10 @@ INDEX = "index.parquet"
 MANIFEST = "manifest.json"
 # Settings that must agree between a run and the shards already on disk.
 SETTINGS_KEYS = ("format", "dtype", "hidden_size", "n_aux", "target", "layers")
-_PER_SAMPLE_OVERHEAD = 128  # offsets entry, id in the shard header, index row
-_FIXED_OVERHEAD = 1 << 20  # manifest, index footer, progress file, shard headers
-
-_ST_DTYPE = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float32": "F32", "float16": "F16",
-             "int64": "I64", "int32": "I32", "int8": "I8", "uint8": "U8"}
-
 INDEX_SCHEMA = {
     "sample_id": pl.Utf8, "split": pl.Utf8, "shard": pl.Utf8, "sample_pos": pl.Int32,
     "offset": pl.Int64, "length": pl.Int32, "quarantined": pl.Boolean, "reason": pl.Utf8,
 }
-
-
-class InsufficientDiskSpace(OSError):
-    pass
-
-
-def check_dtype(dtype: str) -> str:
-    if dtype not in DTYPES:
-        raise ValueError(f"hidden-state dtype must be one of {DTYPES}, got {dtype!r}")
-    return dtype
-
-
-def bytes_per_token(hidden: int, dtype: str = "bf16", n_aux: int = 3) -> int:
-    """Shard bytes per token: the hidden states, fp8 scales, the id (int32) and mask (int8)."""
-    width = (n_aux + 1) * hidden
-    states = width * 2 if check_dtype(dtype) == "bf16" else width + 2 * 4
-    return states + 4 + 1
-
-
-def estimate_bytes(n_tokens: int, hidden: int, dtype: str = "bf16", n_samples: int = 0, n_aux: int = 3) -> int:
-    """Disk needed for ``n_tokens`` tokens in ``n_samples`` samples, overheads included."""
-    return n_tokens * bytes_per_token(hidden, dtype, n_aux) + n_samples * _PER_SAMPLE_OVERHEAD + _FIXED_OVERHEAD
-
-
-def _existing(path: Path) -> Path:
-    path = Path(path).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def preflight(path: Path | str, estimate: int, margin: float = 0.1) -> dict:
-    """Refuse to start when the filesystem holding ``path`` lacks ``estimate * (1 + margin)``."""
-    need = int(estimate * (1 + margin))
-    where = _existing(Path(path))
-    free = shutil.disk_usage(where).free
-    if free < need:
-        raise InsufficientDiskSpace(
-            f"not enough disk for hidden states at {path}: need {need:,} bytes "
-            f"({estimate:,} estimated + {margin:.0%} margin), only {free:,} free on {where}"
-        )
-    return {"path": str(path), "need_bytes": need, "free_bytes": free}
-
-
-# ---- fp8 ------------------------------------------------------------------------------------
-
-def quantize_fp8(x):
-    """Per-token (row) e4m3 quantization: ``q = x / scale`` with ``scale = amax / 448``.
-
-    e4m3 keeps 3 mantissa bits, so each element is off by at most 1/16 of the row's amax.
-    """
-    import torch
-
-    x = x.float()
-    amax = x.abs().amax(dim=-1)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    q = (x / scale.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q, scale.to(torch.float32)
-
-
-def dequantize_fp8(q, scale, dtype=None):
-    import torch
-
-    out = q.to(torch.float32) * scale.to(torch.float32).unsqueeze(-1)
-    return out.to(dtype) if dtype is not None else out
-
-
-def encode_sample(input_ids, loss_mask, aux, last, dtype: str) -> dict:
-    """Storage tensors of one sample (CPU, contiguous, storage dtypes)."""
-    import torch
-
-    out = {
-        "input_ids": torch.as_tensor(input_ids, dtype=torch.int32).cpu().contiguous(),
-        "loss_mask": torch.as_tensor(loss_mask, dtype=torch.int8).cpu().contiguous(),
-    }
-    if dtype == "bf16":
-        out["aux_hidden"] = aux.detach().to("cpu", torch.bfloat16).contiguous()
-        out["last_hidden"] = last.detach().to("cpu", torch.bfloat16).contiguous()
-    else:
-        for name, x in (("aux", aux), ("last", last)):
-            q, s = quantize_fp8(x.detach())
-            out[f"{name}_hidden"], out[f"{name}_scale"] = q.cpu().contiguous(), s.cpu().contiguous()
-    return out
-
-
-# ---- safetensors streaming writer -----------------------------------------------------------
-
-def _raw(t):
-    import torch
-
-    return t.contiguous().view(torch.uint8).numpy().data if t.numel() else b""
-
-
-def write_safetensors(path: Path, tensors: dict, metadata: dict[str, str]) -> tuple[int, str, int]:
-    """Stream ``{name: (dtype, shape, [chunks])}`` into a safetensors file.
-
-    Writes chunks one after another (no concatenated copy) and hashes them on the way.
-    Tensors are laid out by element size, largest first, so each starts naturally aligned.
-    Returns (file bytes, sha256 hex, tensor payload bytes).
-    """
-    order = sorted(tensors, key=lambda n: -tensors[n][0].itemsize)
-    header: dict = {"__metadata__": metadata}
-    pos = 0
-    for name in order:
-        dt, shape, chunks = tensors[name]
-        n = sum(c.numel() for c in chunks) * dt.itemsize
-        header[name] = {"dtype": _ST_DTYPE[str(dt).removeprefix("torch.")], "shape": list(shape),
-                        "data_offsets": [pos, pos + n]}
-        pos += n
-    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    blob += b" " * (-len(blob) % 8)
-    h = hashlib.sha256()
-    with open(path, "wb") as fh:
-        for part in (struct.pack("<Q", len(blob)), blob):
-            fh.write(part)
-            h.update(part)
-        for name in order:
-            for c in tensors[name][2]:
-                raw = _raw(c)
-                fh.write(raw)
-                h.update(raw)
-        fh.flush()
-        os.fsync(fh.fileno())
-    return 8 + len(blob) + pos, h.hexdigest(), pos
-
-
-def sha256_file(path: Path, block: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:

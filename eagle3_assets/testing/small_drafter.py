@@ -24,14 +24,9 @@ def train_small_drafter(embedded, model_dir: Path, out_dir: Path, *, k: int = 3,
     """Train on ``TRAIN_QUESTIONS`` and return the vLLM (speculators) export directory. float32 by
     default, so vLLM and the project's evaluator run the very same weights."""
     from eagle3_assets.drafter.export import export_vllm
-    from eagle3_assets.drafter.model import (
-        DrafterConfig,
-        build_drafter,
-        read_target_config,
-        read_target_embeddings,
-        read_target_lm_head,
-    )
+    from eagle3_assets.drafter.model import DrafterConfig, build_drafter
     from eagle3_assets.drafter.spec_decode import target_features
+    from eagle3_assets.drafter.target_weights import read_target_config, read_target_embeddings, read_target_lm_head
     from eagle3_assets.drafter.training.config import TrainSettings
     from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset
     from eagle3_assets.drafter.training.loop import train

@@ -6,7 +6,7 @@ that has ids is also re-tokenized from its text so the drift is measured, not as
 re-tokenization used to calibrate (rows with ids) is the very function used to build rows
 without ids (``TargetTokenizer.retokenize_completion``).
 
-Re-tokenization contract (sglang-and-kimi.md sections C, D):
+Re-tokenization contract (how Kimi-K2.5 and SGLang treat special tokens and thinking):
 - the prompt is rendered with the chat template as the server does: ``tokenize=True`` and
   ``add_generation_prompt=True`` passed explicitly (Kimi's tokenizer overrides the defaults), the
   ``thinking`` template kwarg passed only when configured. Literal special-token strings in
@@ -280,7 +280,7 @@ def first_difference(tok: TargetTokenizer, a: list[int], b: list[int]) -> str:
 
 def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer, *,
                     max_length: int | None = None, truncate: bool = False) -> dict:
-    """One token row from one response row (DESIGN section 5).
+    """One token row from one response row (the token_ids contract in the README).
 
     ``max_length``: the longest sequence allowed (None: the model's context, if known; 0: no
     limit). A longer sequence raises ``ContextLengthError`` naming the sample and the lengths,

@@ -12,13 +12,8 @@ from pathlib import Path
 
 import torch
 
-from eagle3_assets.drafter.model import (
-    DrafterConfig,
-    build_drafter,
-    read_target_config,
-    read_target_embeddings,
-    read_target_lm_head,
-)
+from eagle3_assets.drafter.model import DrafterConfig, build_drafter
+from eagle3_assets.drafter.target_weights import read_target_config, read_target_embeddings, read_target_lm_head
 from eagle3_assets.drafter.training.checkpoints import write_atomic_text
 from eagle3_assets.drafter.training.config import TrainJob
 from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset

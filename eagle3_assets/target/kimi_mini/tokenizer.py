@@ -1,6 +1,6 @@
 """The ``kimi-mini`` tokenizer files: a small tiktoken BPE with Kimi's ids around it.
 
-What is Kimi's (sglang-and-kimi.md section C): 163,584 base ids, then the 256 special / reserved
+What is Kimi's: 163,584 base ids, then the 256 special / reserved
 slots at the real ids (``[BOS]`` 163584, ``[EOS]`` 163585, ``<|im_end|>`` 163586 ... ``[PAD]``
 163839, unnamed slots ``<|reserved_token_{id}|>``), ``special`` false for the think and tool-call
 markers, ``eos_token`` ``[EOS]`` while turns end with ``<|im_end|>``, the pre-tokenizer regex, the
