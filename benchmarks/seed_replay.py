@@ -7,9 +7,12 @@ on: 429, 502, dropped connections, replies billed then dropped, heartbeats). Eve
 token budget (``--budget-share`` makes it bind before its prompts run out; policy ``expected``).
 
 1. **engine alone**: :func:`run_datasets` in this process, every dataset through one gate;
-2. **as a user**: ``dagster dev`` (webserver + daemon) on a fresh instance, then a backfill of
-   ``raw_responses`` for every dataset over GraphQL (what the UI's *Materialize* and
-   ``eagle3 backfill`` send), timed from the launch until the backfill is complete.
+2. **as a user, backfill**: ``dagster dev`` (webserver + daemon) on a fresh instance, then a
+   backfill of ``raw_responses`` for every dataset over GraphQL (what the UI's *Materialize* and
+   ``eagle3 backfill`` send), timed from the launch until the backfill is complete;
+3. **as a user, single run**: the same, launched as one run over the datasets' range (the UI's
+   *Pass partition ranges to single run*, ``eagle3 backfill --single-run``): no backfill daemon
+   tick (up to 30 s) before the run exists.
 
 Printed: wall times and their ratio (target <= 1.3), the user path broken into launch -> first
 request -> last reply -> run ended, the peak and mean in flight the server saw and how many
@@ -172,7 +175,9 @@ def phase_engine_alone(args, url: str, names: list[str], root: Path) -> dict:
             "reported_billed_usd": run.billed_usd, "reported_kept_usd": run.cost_usd}
 
 
-def phase_user(args, url: str, names: list[str], root: Path) -> dict:
+def phase_user(args, url: str, names: list[str], root: Path, mode: str = "backfill") -> dict:
+    """``mode``: "backfill" (the UI's *Materialize* of several partitions, ``eagle3 backfill``) or
+    "single run" (the UI's *Pass partition ranges to single run*, ``eagle3 backfill --single-run``)."""
     layout = DataLayout(root)
     write_datasets(layout, names, args.prompts)
     home = ensure_dagster_home(layout)
@@ -206,8 +211,13 @@ def phase_user(args, url: str, names: list[str], root: Path) -> dict:
         load = os.getloadavg()[0]
         sampler = CpuSampler(proc.pid)
         t0 = time.time()
-        backfill_id = server.launch_backfill(names, ["raw_responses"], run_config, title="seed replay")
-        status = server.wait_for_backfill(backfill_id, timeout=args.timeout, poll=5.0)  # light on the webserver
+        if mode == "backfill":
+            backfill_id = server.launch_backfill(names, ["raw_responses"], run_config, title="seed replay")
+            status = server.wait_for_backfill(backfill_id, timeout=args.timeout, poll=5.0)  # light on the webserver
+        else:
+            run_id = server.launch_range_run(names[0], names[-1], ["raw_responses"], run_config)
+            run_status = server.wait_for_run(run_id, timeout=args.timeout, poll=5.0)
+            status = {"status": run_status, "runs": [{"runId": run_id, "status": run_status}]}
         t1 = time.time()
         cpu = sampler.stop()
         if args.keep:
@@ -221,7 +231,7 @@ def phase_user(args, url: str, names: list[str], root: Path) -> dict:
         started = instance.get_run_stats(first_run.run_id).start_time or created
         step = next((rec.timestamp for rec in instance.all_logs(first_run.run_id, of_type=dg.DagsterEventType.STEP_START)),
                     started)
-        launch = {"daemon created the run": created - t0, "run worker started": started - created,
+        launch = {"run created": created - t0, "run worker started": started - created,
                   "step started": step - started, "step setup to first request": stats["first_request_at"] - step}
         mats = {}
         for run in runs:
@@ -229,7 +239,8 @@ def phase_user(args, url: str, names: list[str], root: Path) -> dict:
                 m = rec.dagster_event.event_specific_data.materialization
                 mats[m.partition] = {k: v.value for k, v in m.metadata.items()
                                      if k in ("new_responses", "billed_usd_new", "cost_usd_new", "budget_overshoot")}
-        return {"wall_s": t1 - t0, "done_s": runs_done - t0, "t0": t0, "status": status["status"], "runs": len(runs),
+        return {"mode": mode, "wall_s": t1 - t0, "done_s": runs_done - t0, "t0": t0, "status": status["status"],
+                "runs": len(runs),
                 "stats": stats, "launch": launch, "load": load, "cpu": cpu,
                 "datasets": dataset_figures(layout, names, args.budget), "metadata": mats,
                 "reported_billed_usd": sum(m.get("billed_usd_new", 0.0) for m in mats.values()),
@@ -265,45 +276,53 @@ def wait_for_webserver(server: DagsterWebserver, proc, timeout: float = 600) -> 
     raise TimeoutError("dagster dev did not serve the code location in time")
 
 
-def report(args, alone: dict, user: dict) -> None:
+def report(args, alone: dict, users: list[dict]) -> None:
     def window(phase):
         s = phase["stats"]
         first, last = s["first_request_at"], s["last_delivery_at"]
         return first - phase["t0"], last - first, phase["t0"] + phase["done_s"] - last
 
+    phases = [alone, *users]
+    names = ["engine alone", *[u["mode"] for u in users]]
+
+    def row(label, values, fmt):
+        print(f"{label:30}" + "".join(fmt.format(v) for v in values))
+
     print(f"\n=== seed replay: {args.datasets} datasets x {args.prompts} prompts, {args.concurrency} in flight, "
           f"budget {args.budget:,} tokens each ({args.policy}), max_tokens {args.max_tokens}")
-    print(f"{'':28}{'engine alone':>16}{'backfill (UI)':>16}")
-    print(f"{'machine load at the start':28}{alone['load']:>16.1f}{user['load']:>16.1f}")
-    print("CPU seconds:   engine alone: " + ", ".join(f"{k} {v:.1f}" for k, v in alone["cpu"].items())
-          + ";   backfill: " + ", ".join(f"{k} {v:.1f}" for k, v in user["cpu"].items()))
-    print(f"{'wall time to data, s':28}{alone['done_s']:>16.1f}{user['done_s']:>16.1f}")
-    a_w, u_w = window(alone), window(user)
+    row("", names, "{:>16}")
+    row("machine load at the start", [p["load"] for p in phases], "{:>16.1f}")
+    row("CPU seconds, all processes", [sum(p["cpu"].values()) for p in phases], "{:>16.1f}")
+    row("wall time to data, s", [p["done_s"] for p in phases], "{:>16.1f}")
+    wins = [window(p) for p in phases]
     for label, i in [("  launch -> first request", 0), ("  first request -> last reply", 1),
                      ("  last reply -> run ended", 2)]:
-        print(f"{label:28}{a_w[i]:>16.1f}{u_w[i]:>16.1f}")
-    print(f"{'backfill marked complete, s':28}{'':>16}{user['wall_s']:>16.1f}")
-    print("  the user path's launch: " + ", ".join(f"{k} {v:.1f} s" for k, v in user["launch"].items()))
-    for ph, (_, span, _) in ((alone, a_w), (user, u_w)):  # time-weighted, first request to last reply
+        row(label, [w[i] for w in wins], "{:>16.1f}")
+    row("launch seen as done, s", ["", *[u["wall_s"] for u in users]], "{:>16}")
+    for u in users:
+        print(f"  {u['mode']}: " + ", ".join(f"{k} {v:.1f} s" for k, v in u["launch"].items()))
+    for ph, (_, span, _) in zip(phases, wins):  # time-weighted, first request to last reply
         ph["stats"]["mean_in_flight"] = ph["stats"]["concurrency_area"] / span if span > 0 else 0.0
     for label, key, fmt in [("server in flight, peak", "concurrency_peak", "{:>16d}"),
                             ("server in flight, mean", "mean_in_flight", "{:>16.0f}"),
                             ("datasets in flight at once", "groups_at_once_peak", "{:>16d}"),
                             ("requests (with retries)", "requests", "{:>16d}")]:
-        print(f"{label:28}" + fmt.format(alone["stats"][key]) + fmt.format(user["stats"][key]))
-    dollars = [("dollars billed (server)", lambda p: p["stats"]["billed_usd"]),
-               ("dollars billed (reported)", lambda p: p["reported_billed_usd"]),
-               ("dollars kept (rows)", lambda p: sum(d["kept_usd"] for d in p["datasets"].values()))]
-    for label, val in dollars:
-        print(f"{label:28}{val(alone):>16.6f}{val(user):>16.6f}")
-    print(f"\nratio backfill / engine alone (launch to data): {user['done_s'] / alone['done_s']:.2f}x (target <= 1.3); "
-          f"generation window only: {u_w[1] / a_w[1]:.2f}x; backfill {user['status']} in {user['runs']} run(s)")
-    print(f"\n{'dataset':10}{'alone: tokens':>15}{'/ budget':>10}{'rows':>7}{'backfill: tokens':>18}{'/ budget':>10}"
-          f"{'rows':>7}{'billed $':>11}{'kept $':>11}")
+        row(label, [p["stats"][key] for p in phases], fmt)
+    for label, val in [("dollars billed (server)", lambda p: p["stats"]["billed_usd"]),
+                       ("dollars billed (reported)", lambda p: p["reported_billed_usd"]),
+                       ("dollars kept (rows)", lambda p: sum(d["kept_usd"] for d in p["datasets"].values()))]:
+        row(label, [val(p) for p in phases], "{:>16.6f}")
+    print()
+    for u, w in zip(users, wins[1:]):
+        print(f"ratio {u['mode']} / engine alone (launch to data): {u['done_s'] / alone['done_s']:.2f}x (target <= 1.3); "
+              f"generation window only: {w[1] / wins[0][1]:.2f}x; {u['status']} in {u['runs']} run(s)")
+    print(f"\n{'dataset':10}" + "".join(f"{n + ': tokens':>22}{'/ budget':>10}{'rows':>7}" for n in names)
+          + f"{'billed $':>11}{'kept $':>11}")
+    last = phases[-1]
     for ds in sorted(alone["datasets"]):
-        a, u = alone["datasets"][ds], user["datasets"][ds]
-        print(f"{ds:10}{a['tokens']:>15,}{a['ratio']:>10.4f}{a['rows']:>7}{u['tokens']:>18,}{u['ratio']:>10.4f}"
-              f"{u['rows']:>7}{u['billed_usd']:>11.5f}{u['kept_usd']:>11.5f}")
+        cells = "".join(f"{p['datasets'][ds]['tokens']:>22,}{p['datasets'][ds]['ratio']:>10.4f}{p['datasets'][ds]['rows']:>7}"
+                        for p in phases)
+        print(f"{ds:10}{cells}{last['datasets'][ds]['billed_usd']:>11.5f}{last['datasets'][ds]['kept_usd']:>11.5f}")
 
 
 def main() -> int:
@@ -322,6 +341,8 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--executor", choices=["in_process", "multiprocess", ""], default="in_process",
                    help="the run's executor (eagle3 backfill sends in_process for a generation-only backfill)")
+    p.add_argument("--launch", choices=["backfill", "single run", "both"], default="both",
+                   help="how the user path launches: a backfill, one ranged run, or both in turn")
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument("--keep", action="store_true", help="keep the data roots and the instance (to look at the runs)")
     args = p.parse_args()
@@ -332,18 +353,22 @@ def main() -> int:
     server, url = start_server(args)
     try:
         print(f"loopback OpenRouter at {url}; data under {tmp}", flush=True)
-        print("1/2 engine alone ...", flush=True)
+        steps = 2 if args.launch != "both" else 3
+        print(f"1/{steps} engine alone ...", flush=True)
         alone = phase_engine_alone(args, url, names, tmp / "alone")
         print(f"   {alone['wall_s']:.1f} s", flush=True)
-        print("2/2 backfill through dagster dev ...", flush=True)
-        user = phase_user(args, url, names, tmp / "user")
-        print(f"   {user['wall_s']:.1f} s", flush=True)
-        report(args, alone, user)
+        users = []
+        modes = ["backfill", "single run"] if args.launch == "both" else [args.launch]
+        for i, mode in enumerate(modes, start=2):
+            print(f"{i}/{steps} {mode} through dagster dev ...", flush=True)
+            users.append(phase_user(args, url, names, tmp / mode.replace(" ", "-"), mode))
+            print(f"   {users[-1]['wall_s']:.1f} s", flush=True)
+        report(args, alone, users)
         if args.json:
-            for ph in (alone, user):
+            for ph in (alone, *users):
                 ph["stats"].pop("deliveries", None)
                 ph["stats"].pop("generated", None)
-            Path(args.json).write_text(json.dumps({"args": vars(args), "alone": alone, "user": user}, indent=1,
+            Path(args.json).write_text(json.dumps({"args": vars(args), "alone": alone, "launched": users}, indent=1,
                                                   default=str))
     finally:
         server.send_signal(signal.SIGTERM)

@@ -154,6 +154,8 @@ def cmd_backfill(args) -> int:
     try:
         for n in names:
             server.add_partition(n)
+        if args.single_run:
+            return _single_run(server, names, assets, run_config, args.wait)
         for i, stage in enumerate(stages):
             backfill_id = server.launch_backfill(names, stage, run_config if "raw_responses" in stage else None)
             print(f"backfill {backfill_id}: {', '.join(names)} over {', '.join(stage)}"
@@ -171,6 +173,30 @@ def cmd_backfill(args) -> int:
     except WebserverError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _single_run(server, names: list[str], assets: list[str], run_config: dict, wait: float) -> int:
+    """``raw_responses`` for a contiguous range of datasets as one run (no backfill daemon tick)."""
+    from eagle3_assets.graphql_client import WebserverError
+
+    if assets != ["raw_responses"]:
+        raise WebserverError("--single-run launches raw_responses only (--assets raw_responses): the other assets "
+                             "run one dataset per run; backfill them afterwards")
+    keys = server.partition_keys("raw_responses")
+    pos = sorted(keys.index(n) for n in names)
+    if pos[-1] - pos[0] + 1 != len(pos):
+        between = [k for k in keys[pos[0]:pos[-1] + 1] if k not in names]
+        raise WebserverError(f"--single-run needs a contiguous range of datasets (in the order they were added); "
+                             f"{', '.join(between)} lie between them: select them too, or drop --single-run")
+    first, last = keys[pos[0]], keys[pos[-1]]
+    run_id = server.launch_range_run(first, last, assets, run_config)
+    print(f"run {run_id}: raw_responses for {first} .. {last} ({len(pos)} datasets) in one run\n"
+          f"  {server.url}/runs/{run_id}", flush=True)
+    if wait:
+        status = server.wait_for_run(run_id, timeout=wait)
+        print(f"run {run_id} {status}")
+        return 0 if status == "SUCCESS" else 1
     return 0
 
 
@@ -266,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=0,
                    help="HTTP backends: requests in flight for all the datasets together (default: the resource's)")
     p.add_argument("--budget-policy", choices=["expected", "strict"], help="token budget admission (default: expected)")
+    p.add_argument("--single-run", action="store_true",
+                   help="with --assets raw_responses: one run over the datasets' range instead of a backfill, as the "
+                        "UI's 'Pass partition ranges to single run' (starts without waiting for the backfill daemon)")
     p.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the backfill to finish")
     p.set_defaults(fn=cmd_backfill)
     p = sub.add_parser("export", help="print a recipe's drafter exports and validate the SGLang one")

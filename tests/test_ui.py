@@ -164,6 +164,34 @@ def test_backfill_over_graphql_runs_every_partition_with_checks_and_generation_i
     assert all(m.metadata["new_responses"].value == 3 and m.metadata["datasets_in_run"].value == 2 for m in mats)
 
 
+def test_single_run_launch_serves_a_range_of_datasets_in_one_run(ui, backfill, capsys):
+    """``eagle3 backfill --single-run``: one run over the datasets' range, no backfill. After the
+    backfill everything is on disk, so the run resumes to nothing new, yet records each dataset."""
+    from dagster import DagsterEventType
+
+    from eagle3_assets.cli import main
+
+    server, layout, instance = ui
+    rows_before = {n: len(layout.responses_dir(n).joinpath("local.jsonl").read_text().splitlines()) for n in DATASETS}
+    assert main(["backfill", *DATASETS, "--assets", "raw_responses", "--single-run", "--url", server.url,
+                 "--wait", "900"]) == 0
+    out = capsys.readouterr().out
+    run_id = out.split()[1].rstrip(":")
+    run = instance.get_run_by_id(run_id)
+    assert run.tags.get("dagster/backfill") is None
+    assert (run.tags["dagster/asset_partition_range_start"], run.tags["dagster/asset_partition_range_end"]) \
+        == (DATASETS[0], DATASETS[-1])
+    mats = [rec.dagster_event.event_specific_data.materialization
+            for rec in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)]
+    assert sorted(m.partition for m in mats) == DATASETS
+    assert all(m.metadata["new_responses"].value == 0 for m in mats)
+    assert rows_before == {n: len(layout.responses_dir(n).joinpath("local.jsonl").read_text().splitlines())
+                           for n in DATASETS}
+    # only raw_responses runs several datasets in one run; the refusal says what to do instead
+    assert main(["backfill", *DATASETS, "--assets", "token_ids", "--single-run", "--url", server.url]) == 2
+    assert "--single-run launches raw_responses only" in capsys.readouterr().err
+
+
 def _chromium_or_skip():
     if not CHROMIUM:
         pytest.skip("no chromium on this machine (apt-get install -y chromium)")
