@@ -298,7 +298,7 @@ def report(args, alone: dict, users: list[dict]) -> None:
     for label, i in [("  launch -> first request", 0), ("  first request -> last reply", 1),
                      ("  last reply -> run ended", 2)]:
         row(label, [w[i] for w in wins], "{:>16.1f}")
-    row("launch seen as done, s", ["", *[u["wall_s"] for u in users]], "{:>16}")
+    row("launch seen as done, s", ["", *[f"{u['wall_s']:.1f}" for u in users]], "{:>16}")
     for u in users:
         print(f"  {u['mode']}: " + ", ".join(f"{k} {v:.1f} s" for k, v in u["launch"].items()))
     for ph, (_, span, _) in zip(phases, wins):  # time-weighted, first request to last reply
@@ -349,6 +349,12 @@ def main() -> int:
     mean = args.median * math.exp(args.sigma ** 2 / 2)
     args.budget = int(args.budget_share * args.prompts * mean) if args.budget_share else 10_000_000
     names = [f"set{i}" for i in range(args.datasets)]
+    # The target is on disk before the job, as in a deployment (a Kimi checkpoint directory): the
+    # bundled SmolLM2 is converted once into the shared cache, never inside the timed runs.
+    from eagle3_assets.target.embedded import ensure_default_model
+
+    os.environ["EAGLE3_MODEL_CACHE"] = os.environ.get("EAGLE3_MODEL_CACHE") or str(ROOT / "data" / "models")
+    ensure_default_model(Path(os.environ["EAGLE3_MODEL_CACHE"]))
     tmp = Path(tempfile.mkdtemp(prefix="seed-replay-"))
     server, url = start_server(args)
     try:
