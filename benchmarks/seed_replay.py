@@ -53,7 +53,7 @@ from eagle3_assets.generation.dataset_run import prepare_dataset  # noqa: E402
 from eagle3_assets.generation.http_engine import EngineSettings, generate_datasets  # noqa: E402
 from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
 from eagle3_assets.generation.samples import SamplingSettings  # noqa: E402
-from eagle3_assets.graphql_client import DagsterWebserver, WebserverError  # noqa: E402
+from eagle3_assets.graphql_client import DagsterWebserver  # noqa: E402
 from eagle3_assets.paths import DataLayout, ensure_dagster_home  # noqa: E402
 from eagle3_assets.prompts.reader import Prompt  # noqa: E402
 from eagle3_assets.prompts.table import write_prompt_table  # noqa: E402
@@ -195,7 +195,7 @@ def phase_user(args, url: str, names: list[str], root: Path, mode: str = "backfi
                             stderr=subprocess.STDOUT, start_new_session=True)
     server = DagsterWebserver(f"http://127.0.0.1:{port}")
     try:
-        wait_for_webserver(server, proc)
+        server.wait_for_code_location(proc)
         for ds in names:
             server.add_partition(ds)
         run_config = {
@@ -256,24 +256,6 @@ def phase_user(args, url: str, names: list[str], root: Path, mode: str = "backfi
             pass
         log.close()
         instance.dispose()
-
-
-def wait_for_webserver(server: DagsterWebserver, proc, timeout: float = 600) -> None:
-    query = """{ workspaceOrError { __typename ... on Workspace { locationEntries { name
-                 locationOrLoadError { __typename } } } } }"""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"dagster dev exited with {proc.returncode}")
-        try:
-            entries = server.query(query)["workspaceOrError"]["locationEntries"]
-            if entries and all((e["locationOrLoadError"] or {}).get("__typename") == "RepositoryLocation"
-                               for e in entries):
-                return
-        except (httpx.HTTPError, WebserverError):
-            pass
-        time.sleep(1)
-    raise TimeoutError("dagster dev did not serve the code location in time")
 
 
 def report(args, alone: dict, users: list[dict]) -> None:

@@ -42,6 +42,27 @@ class DagsterWebserver:
             raise WebserverError(f"GraphQL errors: {json.dumps(body['errors'])[:1000]}")
         return body["data"]
 
+    def wait_for_code_location(self, proc=None, timeout: float = 600) -> None:
+        """Block until every code location has loaded (``dagster dev`` just started): raise at once
+        if ``proc`` (the webserver's process) exits or a location fails to load."""
+        query = """{ workspaceOrError { __typename ... on Workspace { locationEntries { name
+                     locationOrLoadError { __typename } } } } }"""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise WebserverError(f"dagster dev exited with {proc.returncode}")
+            try:
+                entries = self.query(query)["workspaceOrError"]["locationEntries"]
+            except WebserverError:
+                entries = None  # not serving yet
+            kinds = [(e["locationOrLoadError"] or {}).get("__typename") for e in entries or []]
+            if "PythonError" in kinds:
+                raise WebserverError(f"code location failed to load: {entries}")
+            if kinds and all(k == "RepositoryLocation" for k in kinds):
+                return
+            time.sleep(1)
+        raise TimeoutError(f"{self.url}: the code location did not load within {timeout:.0f}s")
+
     def server_info(self) -> dict:
         r = httpx.get(f"{self.url}/server_info", timeout=self.timeout)
         r.raise_for_status()

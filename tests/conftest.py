@@ -75,3 +75,31 @@ def small_prompts(n: int, prefix: str = "q") -> list[dict]:
         {"id": f"{prefix}{i}", "messages": [{"role": "user", "content": f"What is {i + 2}+{i + 3}? Answer with a number only."}]}
         for i in range(n)
     ]
+
+
+@pytest.fixture
+def serve():
+    """Start loopback servers in threads (``serve(app)`` returns one); all are stopped at the end."""
+    from eagle3_assets.testing.loopback import serve_in_thread
+
+    started = []
+
+    def start(app):
+        srv = serve_in_thread(app)
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """This process keeps one core and leaves the other to a server it started."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

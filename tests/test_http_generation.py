@@ -44,7 +44,6 @@ from eagle3_assets.testing.loopback import (
     SGLangApp,
     SyntheticGenerator,
     messages_key,
-    serve_in_thread,
 )
 from tests.conftest import small_prompts
 
@@ -69,20 +68,6 @@ def run(reqs, backend, store, sampling, budget=None, **kw):
 
 def ids_of(store):
     return [r["sample_id"] for r in store.rows()]
-
-
-@pytest.fixture
-def serve():
-    started = []
-
-    def start(app):
-        srv = serve_in_thread(app)
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        srv.stop()
 
 
 @pytest.fixture

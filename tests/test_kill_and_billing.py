@@ -27,7 +27,7 @@ from eagle3_assets.generation.budget import TokenBudget
 from eagle3_assets.generation.http_engine import RetryPolicy, run_generation
 from eagle3_assets.generation.response_store import ResponseStore
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
-from eagle3_assets.testing.loopback import FaultPlan, OpenRouterApp, SyntheticGenerator, messages_key, serve_in_thread
+from eagle3_assets.testing.loopback import FaultPlan, OpenRouterApp, SyntheticGenerator, messages_key
 
 KEY = "sk-or-v1-kill-test-0123456789abcdef"
 REPO = Path(__file__).resolve().parents[1]
@@ -62,25 +62,11 @@ def kept_keys(store: ResponseStore, by_sample: dict) -> list[str]:
     return [by_sample[r["sample_id"]] for r in store.rows()]
 
 
-@pytest.fixture
-def server():
-    started = []
-
-    def start(app):
-        srv = serve_in_thread(app)
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        srv.stop()
-
-
-def test_kill_when_the_next_request_arrives_loses_nothing_delivered(tmp_path, server):
+def test_kill_when_the_next_request_arrives_loses_nothing_delivered(tmp_path, serve):
     """One worker: request k reaches the server only after reply k-1 was handled, so a kill at that
     moment must find every delivered reply in the file - exactly, whatever the machine's speed."""
     app = OpenRouterApp(SyntheticGenerator(), api_key=KEY, latency_s=0.005)
-    srv = server(app)
+    srv = serve(app)
     reqs = requests(60)
     by_sample = {r.sample_id: messages_key(r.messages) for r in reqs}
     store = ResponseStore(tmp_path / "r")
@@ -110,11 +96,11 @@ def test_kill_when_the_next_request_arrives_loses_nothing_delivered(tmp_path, se
     assert twice.isdisjoint(delivered) and len(twice) <= 1  # at most the request in flight at the kill
 
 
-def test_kill_at_random_points_counts_delivered_against_kept(tmp_path, server):
+def test_kill_at_random_points_counts_delivered_against_kept(tmp_path, serve):
     """Eight workers, three kills at random moments, then a clean finish: every reply delivered
     more than LOSS_WINDOW_S before a kill is on disk, and only the lost ones are bought again."""
     app = OpenRouterApp(SyntheticGenerator(), api_key=KEY, latency_s=0.05, latency_jitter_s=0.1)
-    srv = server(app)
+    srv = serve(app)
     reqs = requests(400)
     by_sample = {r.sample_id: messages_key(r.messages) for r in reqs}
     store = ResponseStore(tmp_path / "r")
@@ -167,12 +153,12 @@ def test_kill_at_random_points_counts_delivered_against_kept(tmp_path, server):
     print(f"lost per kill: at most {max(max_ages) * 1000:.1f} ms of replies; {len(lost_total)} lost in 3 kills")
 
 
-def test_the_bill_includes_replies_lost_after_billing(tmp_path, server):
+def test_the_bill_includes_replies_lost_after_billing(tmp_path, serve):
     """Replies billed and then dropped on the way, retried and billed again: the key's usage shows
     them, the run reports them, billing.jsonl keeps them, and the inventory's billed dollars equal
     the server's bill while its kept dollars equal the rows'."""
     faults = FaultPlan.from_strings("billed_drop=0.15,429=0.05,finish_error=0.05", seed=3, retry_after_s=0.01)
-    srv = server(OpenRouterApp(SyntheticGenerator(), api_key=KEY, faults=faults, latency_s=0.01))
+    srv = serve(OpenRouterApp(SyntheticGenerator(), api_key=KEY, faults=faults, latency_s=0.01))
     reqs = requests(80, "bill")
     store = ResponseStore(tmp_path / "r")
     rep = asyncio.run(run_generation(reqs, OpenRouterBackend(KEY, "m", base_url=srv.url + "/api/v1"), store,

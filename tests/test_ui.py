@@ -12,13 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from eagle3_assets.graphql_client import DagsterWebserver, WebserverError
+from eagle3_assets.graphql_client import DagsterWebserver
 from eagle3_assets.paths import REPO_ROOT, DataLayout, ensure_dagster_home
 from tests.conftest import small_prompts, write_jsonl
 
@@ -35,27 +33,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _wait_for_location(server: DagsterWebserver, proc, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    query = """{ workspaceOrError { __typename ... on Workspace { locationEntries { name
-                 locationOrLoadError { __typename } } } } }"""
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"dagster dev exited with {proc.returncode}")
-        try:
-            server.server_info()
-            entries = server.query(query)["workspaceOrError"]["locationEntries"]
-            if entries and all(e["locationOrLoadError"] and e["locationOrLoadError"]["__typename"] == "RepositoryLocation"
-                               for e in entries):
-                return
-            if any(e["locationOrLoadError"] and e["locationOrLoadError"]["__typename"] == "PythonError" for e in entries):
-                raise RuntimeError(f"code location failed to load: {entries}")
-        except (httpx.HTTPError, WebserverError):
-            pass  # not serving yet
-        time.sleep(1)
-    raise TimeoutError("dagster dev did not serve the code location in time")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +58,7 @@ def ui(tmp_path_factory, model_dir):
     )
     server = DagsterWebserver(f"http://127.0.0.1:{port}")
     try:
-        _wait_for_location(server, proc)
+        server.wait_for_code_location(proc)
         yield server, layout, instance
     finally:
         try:

@@ -22,17 +22,10 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.model,
     pytest.mark.skipif(not vllm_available(), reason="no vLLM environment (.venv-vllm): run `make vllm` to run these"),
+    pytest.mark.usefixtures("one_torch_thread"),  # the other core is the server's
 ]
 
 LAYER_IDS = [1, 14, 26]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # leave the other core to the server
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

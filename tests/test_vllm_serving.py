@@ -16,7 +16,6 @@ import json
 
 import dagster as dg
 import pytest
-import torch
 
 from eagle3_assets.target.vllm_server import VLLMServer, vllm_available
 from eagle3_assets.testing import small_drafter
@@ -26,19 +25,12 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.model,
     pytest.mark.skipif(not vllm_available(), reason="no vLLM environment (.venv-vllm): run `make vllm` to run these"),
+    pytest.mark.usefixtures("one_torch_thread"),  # the other core is the server's
 ]
 
 K = 3
 MAX_NEW = 24
 HELD_OUT = small_drafter.HELD_OUT
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # leave the other core to the server
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

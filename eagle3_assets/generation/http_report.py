@@ -23,8 +23,24 @@ class RunStopped(RuntimeError):
     """Raised by :func:`raise_for_stop` for a run that stopped on 401 / credits / key limit."""
 
 
+class _Rates:
+    """Rows and tokens per second over ``elapsed_s`` (a report or a progress snapshot)."""
+
+    new: int
+    completion_tokens: int
+    elapsed_s: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.new / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
 @dataclass
-class HttpGenerationReport:
+class HttpGenerationReport(_Rates):
     """One dataset's figures (``dataset`` set) or a whole run's (``lanes`` holds each dataset's)."""
 
     source: str
@@ -86,14 +102,6 @@ class HttpGenerationReport:
         """Mean requests in flight over the gate, while samples were waiting."""
         return self.in_flight_mean / self.concurrency if self.concurrency else 0.0
 
-    @property
-    def rows_per_s(self) -> float:
-        return self.new / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.completion_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
     def add_counts(self, other: HttpGenerationReport) -> None:
         """Sum another report's counters into this one (a run total from its datasets)."""
         for name in ("planned", "already_done", "todo", "new", "errors", "completion_tokens", "prompt_tokens",
@@ -138,7 +146,7 @@ def raise_for_stop(report: HttpGenerationReport) -> HttpGenerationReport:
 
 
 @dataclass
-class Progress:
+class Progress(_Rates):
     """A snapshot for the log line every few seconds; after a stop it says what happened instead
     of projecting."""
 
@@ -155,14 +163,6 @@ class Progress:
     datasets: int = 1
     datasets_done: int = 0
     finished: bool = False  # the run is over
-
-    @property
-    def rows_per_s(self) -> float:
-        return self.new / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.completion_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
     def target(self) -> int:

@@ -176,14 +176,32 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-class JsonlAppender:
+class _AppendOnlyFile:
+    """An ``O_APPEND`` descriptor: whole lines reach the OS at once, ``sync`` makes them durable."""
+
+    _fd: int | None = None
+    dirty: bool = False
+
+    def sync(self) -> None:
+        if self.dirty and self._fd is not None:
+            self.dirty = False
+            os.fsync(self._fd)
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            try:
+                self.sync()
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+
+class JsonlAppender(_AppendOnlyFile):
     """Appends whole JSON lines to one file, each with a single ``write`` (O_APPEND). The file is
     created by the first record, so a run without errors leaves no empty errors file."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self._fd: int | None = None
-        self.dirty = False
 
     def __enter__(self) -> JsonlAppender:
         return self
@@ -202,25 +220,12 @@ class JsonlAppender:
         _write_all(fd, (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
         self.dirty = True
 
-    def sync(self) -> None:
-        if self.dirty and self._fd is not None:
-            self.dirty = False
-            os.fsync(self._fd)
-
-    def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            try:
-                self.sync()
-            finally:
-                os.close(self._fd)
-                self._fd = None
-
 
 def encode_row(row: dict) -> bytes:
     return (json.dumps({k: row.get(k) for k in RESPONSE_FIELDS}, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-class ResponseWriter:
+class ResponseWriter(_AppendOnlyFile):
     """The single writer of one source file; use as a context manager.
 
     ``write_row`` hands one row to the operating system at once (a killed process cannot lose it);
@@ -229,8 +234,6 @@ class ResponseWriter:
 
     def __init__(self, store: ResponseStore, source: str):
         self.store, self.source = store, source
-        self._fd: int | None = None
-        self.dirty = False
 
     def __enter__(self) -> ResponseWriter:
         self.store.dir.mkdir(parents=True, exist_ok=True)
@@ -242,11 +245,6 @@ class ResponseWriter:
         _write_all(self._fd, encode_row(row))
         self.dirty = True
 
-    def sync(self) -> None:
-        if self.dirty and self._fd is not None:
-            self.dirty = False
-            os.fsync(self._fd)
-
     def write_batch(self, rows: list[dict]) -> None:
         """Append whole rows and make them durable before returning."""
         if not rows:
@@ -255,13 +253,6 @@ class ResponseWriter:
         self.dirty = True
         self.sync()
 
-    def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            try:
-                self.sync()
-            finally:
-                os.close(self._fd)
-                self._fd = None
 
 
 def now_iso() -> str:
