@@ -53,10 +53,10 @@ from eagle3_assets.generation.dataset_run import prepare_dataset  # noqa: E402
 from eagle3_assets.generation.http_engine import EngineSettings, generate_datasets  # noqa: E402
 from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
 from eagle3_assets.generation.samples import SamplingSettings  # noqa: E402
-from eagle3_assets.graphql_client import DagsterWebserver  # noqa: E402
-from eagle3_assets.paths import DataLayout, ensure_dagster_home  # noqa: E402
+from eagle3_assets.paths import DataLayout  # noqa: E402
 from eagle3_assets.prompts.reader import Prompt  # noqa: E402
 from eagle3_assets.prompts.table import write_prompt_table  # noqa: E402
+from eagle3_assets.testing.dagster_dev import dagster_dev  # noqa: E402
 
 KEY = "sk-or-v1-seed-replay-benchmark"
 FAULTS = "429=0.02,502=0.02,drop=0.01,billed_drop=0.01,heartbeat=0.05"
@@ -178,24 +178,11 @@ def phase_engine_alone(args, url: str, names: list[str], root: Path) -> dict:
 def phase_user(args, url: str, names: list[str], root: Path, mode: str = "backfill") -> dict:
     """``mode``: "backfill" (the UI's *Materialize* of several partitions, ``eagle3 backfill``) or
     "single run" (the UI's *Pass partition ranges to single run*, ``eagle3 backfill --single-run``)."""
-    layout = DataLayout(root)
-    write_datasets(layout, names, args.prompts)
-    home = ensure_dagster_home(layout)
     import dagster as dg
 
-    from eagle3_assets.runs import ensure_pool_limits
-
-    instance = dg.DagsterInstance.from_config(str(home))
-    ensure_pool_limits(instance)
-    port = free_port()
-    env = dict(os.environ, DAGSTER_HOME=str(home), EAGLE3_HOME=str(root), OPENROUTER_API_KEY=KEY)
-    log = (root / "dagster-dev.log").open("wb")
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(ROOT / "workspace.yaml"),
-                             "-h", "127.0.0.1", "-p", str(port)], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    server = DagsterWebserver(f"http://127.0.0.1:{port}")
-    try:
-        server.wait_for_code_location(proc)
+    write_datasets(DataLayout(root), names, args.prompts)
+    with dagster_dev(root, env={"OPENROUTER_API_KEY": KEY}) as running:
+        server, instance, layout = running.server, running.instance, running.layout
         for ds in names:
             server.add_partition(ds)
         run_config = {
@@ -209,7 +196,7 @@ def phase_user(args, url: str, names: list[str], root: Path, mode: str = "backfi
         server_reset(url)
         billed_before = server_stats(url)["billed_usd"]
         load = os.getloadavg()[0]
-        sampler = CpuSampler(proc.pid)
+        sampler = CpuSampler(running.proc.pid)
         t0 = time.time()
         if mode == "backfill":
             backfill_id = server.launch_backfill(names, ["raw_responses"], run_config, title="seed replay")
@@ -245,17 +232,6 @@ def phase_user(args, url: str, names: list[str], root: Path, mode: str = "backfi
                 "datasets": dataset_figures(layout, names, args.budget), "metadata": mats,
                 "reported_billed_usd": sum(m.get("billed_usd_new", 0.0) for m in mats.values()),
                 "reported_kept_usd": sum(m.get("cost_usd_new", 0.0) for m in mats.values())}
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-        log.close()
-        instance.dispose()
 
 
 def report(args, alone: dict, users: list[dict]) -> None:

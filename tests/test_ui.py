@@ -6,18 +6,11 @@ Marked ``ui``; deselect with ``-m 'not ui'``.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from eagle3_assets.graphql_client import DagsterWebserver
-from eagle3_assets.paths import REPO_ROOT, DataLayout, ensure_dagster_home
+from eagle3_assets.paths import REPO_ROOT
 from tests.conftest import small_prompts, write_jsonl
 
 pytestmark = pytest.mark.ui
@@ -29,48 +22,14 @@ ARTIFACTS = REPO_ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory, model_dir):
-    """``dagster dev`` on its own data root and instance; yields (server, layout, instance)."""
-    import dagster as dg
+    """``dagster dev`` on its own data root and instance; yields (server, layout, instance).
+    EAGLE3_MODEL_CACHE (set by conftest) is inherited: the runs reuse the converted model."""
+    from eagle3_assets.testing.dagster_dev import dagster_dev
 
-    from eagle3_assets.runs import ensure_pool_limits
-
-    root = tmp_path_factory.mktemp("ui") / "data"
-    layout = DataLayout(root)
-    home = ensure_dagster_home(layout)
-    instance = dg.DagsterInstance.from_config(str(home))
-    ensure_pool_limits(instance)
-    port = _free_port()
-    # EAGLE3_MODEL_CACHE (set by conftest) is inherited: the runs reuse the converted model.
-    env = dict(os.environ, DAGSTER_HOME=str(home), EAGLE3_HOME=str(root))
-    log = (root / "dagster-dev.log").open("wb")
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("dagster")), "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
-         "-h", "127.0.0.1", "-p", str(port)],
-        cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    server = DagsterWebserver(f"http://127.0.0.1:{port}")
-    try:
-        server.wait_for_code_location(proc)
-        yield server, layout, instance
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-        log.close()
-        instance.dispose()
+    with dagster_dev(tmp_path_factory.mktemp("ui") / "data") as running:
+        yield running.server, running.layout, running.instance
 
 
 @pytest.fixture(scope="module")
