@@ -152,6 +152,21 @@ def test_prompts_asset_skips_or_truncates_and_reports_lengths(layout, target_tok
         assert huge["prompt_tokens"] == len(target_tokenizer.render_prompt(json.loads(huge["messages"])))
 
 
+def test_generation_refuses_replies_longer_than_the_prompts_reserved(layout, target_tokenizer):
+    """`prompts` fitted the long prompt with 256 tokens left for the reply; generation asking for
+    1,024 would run past the context on it, so it refuses before generating anything."""
+    write_jsonl(layout.prompt_source("ctx"), long_prompt_rows())
+    with dg.instance_for_test() as instance:
+        assert _prompts_run(instance, "ctx", over_context="truncate").success
+        result = run_dataset(instance, "ctx", selection=["raw_responses"],
+                             run_config={"ops": {"raw_responses": {"config": {"max_new_tokens": 1024}}}})
+        assert not result.success
+        message = " ".join(_step_failure_message(result).split())
+        assert message.startswith("dataset 'ctx': 1 prompt leaves less than max_new_tokens=1,024")
+        assert "prompt file line 3, id 'huge'" in message and "context reserve of 1,024" in message
+        assert not layout.responses_dir("ctx").exists() or not any(layout.responses_dir("ctx").glob("*.jsonl"))
+
+
 def test_the_context_reserve_is_a_dataset_setting(layout, target_tokenizer):
     from resources import DatasetSettings
 

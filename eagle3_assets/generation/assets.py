@@ -17,6 +17,7 @@ import warnings
 
 import dagster as dg
 
+from eagle3_assets.errors import UserInputError
 from eagle3_assets.generation.admission import POLICIES, AdmissionPolicy
 from eagle3_assets.generation.dataset_run import PreparedDataset, missing_line, prepare_dataset, summarize
 from eagle3_assets.generation.samples import SamplingSettings
@@ -143,9 +144,12 @@ def raw_responses(
     preps = []
     for ds in datasets:
         policy = AdmissionPolicy(config.budget_policies.get(ds, config.budget_policy))
-        p = prepare_dataset(layout, ds, sampling, source=config.backend, budget_tokens=dataset_settings.budget_for(ds),
-                            policy=policy, max_tokens=config.max_new_tokens, max_samples=config.max_samples,
-                            prices=getattr(backend, "prices", None))
+        try:
+            p = prepare_dataset(layout, ds, sampling, source=config.backend, budget_tokens=dataset_settings.budget_for(ds),
+                                policy=policy, max_tokens=config.max_new_tokens, max_samples=config.max_samples,
+                                prices=getattr(backend, "prices", None), context_length=spec.context_length)
+        except UserInputError as e:  # the user's to fix: the message, not a traceback; nothing was sent
+            raise dg.Failure(description=str(e), allow_retries=False) from None
         if p.torn_bytes:
             context.log.warning(f"{ds}: dropped a torn last line ({p.torn_bytes} bytes) left by an interrupted run")
         context.log.info(f"{ds}: {len(p.requests)} samples planned, {p.already_done} on disk (all sources); budget "

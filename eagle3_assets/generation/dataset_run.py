@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from eagle3_assets.errors import UserInputError
 from eagle3_assets.generation.admission import AdmissionPolicy
 from eagle3_assets.generation.budget import TokenBudget
 from eagle3_assets.generation.http_report import HttpGenerationReport
@@ -47,16 +48,41 @@ class PreparedDataset:
 
 
 def prepare_dataset(layout: DataLayout, dataset: str, sampling: SamplingSettings, *, source: str, budget_tokens: int,
-                    policy: AdmissionPolicy, max_tokens: int, max_samples: int = 0, prices=None) -> PreparedDataset:
+                    policy: AdmissionPolicy, max_tokens: int, max_samples: int = 0, prices=None,
+                    context_length: int | None = None) -> PreparedDataset:
+    """``context_length``: the target's; prompts still to answer that leave less than ``max_tokens``
+    of it are refused here, before anything is generated or paid for."""
     store = ResponseStore(layout.responses_dir(dataset))
     torn = store.drop_torn_tail(source)
-    requests = plan_samples(dataset, read_prompt_table(layout.prompt_table(dataset)), sampling)
+    prompts = read_prompt_table(layout.prompt_table(dataset))
+    requests = plan_samples(dataset, prompts, sampling)
     state = DatasetState.read(store)
     todo, held_back = state.todo(requests, max_samples or None)
+    if context_length:
+        check_replies_fit(dataset, prompts, {r.prompt_id for r in todo}, max_tokens, context_length)
     plan = plan_remaining(requests, None, budget_tokens, max_tokens=max_tokens, prices=prices, state=state)
     billed = math.fsum(r.get("cost_usd") or 0.0 for r in store.billing())
     return PreparedDataset(dataset, store, requests, state, todo, held_back,
                            TokenBudget(budget_tokens, used=state.completion_tokens), policy, plan, billed, torn)
+
+
+def check_replies_fit(dataset: str, prompts, todo_ids: set[str], max_tokens: int, context_length: int) -> None:
+    """``prompts`` checked each prompt against the context with the reserve of its day; a run asking
+    for longer replies than that reserve would overflow the context on the longest prompts (a
+    server refuses them, a local model runs past its positions). Refuse the run instead."""
+    over = [p for p in prompts if p.prompt_id in todo_ids and p.prompt_tokens is not None
+            and p.prompt_tokens + max_tokens > context_length]
+    if not over:
+        return
+    longest = max(p.prompt_tokens for p in over)
+    rows = "; ".join(f"prompt file line {p.line}, id {p.prompt_id!r}: {p.prompt_tokens:,} tokens" for p in over[:3])
+    what = "prompt leaves" if len(over) == 1 else "prompts leave"
+    raise UserInputError(
+        f"dataset {dataset!r}: {len(over):,} {what} less than max_new_tokens={max_tokens:,} of the target's context of "
+        f"{context_length:,} tokens ({rows}{'; ...' if len(over) > 3 else ''}). Lower max_new_tokens to "
+        f"{context_length - longest:,} or less, or re-materialize `prompts` with a context reserve of "
+        f"{max_tokens:,} (dataset_settings.context_reserve or default_context_reserve) so that they are skipped or "
+        "truncated there.")
 
 
 def summarize(p: PreparedDataset, backend: str, rep) -> dict:

@@ -49,6 +49,12 @@ class TargetSpec:
         """The language model's config: ``text_config`` of a multimodal wrapper, else the config."""
         return self.config.get("text_config") or self.config
 
+    @property
+    def context_length(self) -> int | None:
+        """Positions the model takes (``max_position_embeddings``), when the config says."""
+        n = self.text_config.get("max_position_embeddings") or self.config.get("max_position_embeddings")
+        return int(n) if isinstance(n, int) and n > 0 else None
+
     @cached_property
     def identity(self) -> dict:
         return target_identity(self.model_dir, self.name)
