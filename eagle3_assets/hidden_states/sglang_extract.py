@@ -22,19 +22,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from eagle3_assets.hidden_states import layers as hidden_layers
 from eagle3_assets.hidden_states.extract import ExtractionReport, extract_corpus
 from eagle3_assets.hidden_states.tensor_parallel import Group, LeaderExtractor, follow, init_tensor_parallel
+from eagle3_assets.job_file import JobFile
 
 REPORT = "extraction-report.json"
 
 
-class SGLangExtractionJob(BaseModel):
+class SGLangExtractionJob(JobFile):
     """One extraction run; the asset writes it, every rank reads it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     model_path: str
     corpus: str  # merged-corpus Parquet
@@ -53,15 +52,6 @@ class SGLangExtractionJob(BaseModel):
     model_dtype: str = "auto"  # SGLang's --dtype
     trust_remote_code: bool = False
     server_args: dict = Field(default_factory=dict)  # further ServerArgs fields (e.g. mem_fraction_static)
-
-    @classmethod
-    def from_json(cls, path: Path | str) -> SGLangExtractionJob:
-        path = Path(path)
-        try:
-            return cls.model_validate_json(path.read_text())
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise ValueError(f"{path}: field '{'.'.join(str(p) for p in first['loc'])}': {first['msg']}") from None
 
 
 def sglang_capture(job: SGLangExtractionJob, group: Group, layer_ids: list[int]):

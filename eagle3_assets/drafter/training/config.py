@@ -19,7 +19,9 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from eagle3_assets.job_file import JobFile
 
 
 class _Section(BaseModel):
@@ -130,10 +132,8 @@ class ExportSettings(_Section):
     speculative_k: int = Field(3, ge=1)
 
 
-class TrainJob(BaseModel):
+class TrainJob(JobFile):
     """What ``python -m eagle3_assets.drafter.training --config job.json`` runs."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     target_dir: str  # the target's HF directory (config.json + safetensors)
     out_dir: str
@@ -144,17 +144,6 @@ class TrainJob(BaseModel):
     export: ExportSettings | None = None
     init_seed: int | None = None  # drafter init; default training.seed
     pipes_asset_key: str | None = None
-
-    @classmethod
-    def from_json(cls, path: Path | str) -> TrainJob:
-        """Read and validate a job file; an error names the file and the field."""
-        path = Path(path)
-        try:
-            return cls.model_validate_json(path.read_text())
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"])
-            raise ValueError(f"{path}: field '{field}': {first['msg']}") from None
 
     def write(self, path: Path | str) -> Path:
         path = Path(path)
