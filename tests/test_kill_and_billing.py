@@ -131,8 +131,6 @@ def test_kill_at_random_points_counts_delivered_against_kept(tmp_path, serve):
         # after the socket write, so on a loaded machine a row can be on disk before its stamp
         assert set(kept) <= {key for key, _ in stats["deliveries"]}
         lost = {key: max(ts) for key, ts in delivered.items() if key not in set(kept)}
-        # exact count: what was delivered before the kill is what was kept plus what was lost
-        assert len(set(delivered) | set(kept)) == len(kept) + len(lost)
         max_ages.append(max([t_kill - t for t in lost.values()], default=0.0))
         ages = [t_kill - t for t in lost.values()]
         assert all(a < LOSS_WINDOW_S for a in ages), f"round {round_}: replies lost {sorted(ages)} s before the kill"

@@ -18,8 +18,6 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-SOURCES = ("local", "sglang", "openrouter", "vllm")
-
 # The response row contract (the README's "The graph"); writers fill every key.
 RESPONSE_FIELDS = (
     "sample_id", "dataset", "prompt_id", "sample_index", "source", "model", "provider",
