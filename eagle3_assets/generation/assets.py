@@ -98,7 +98,9 @@ def _run_http(context, config, backend, client_cfg, concurrency, preps, sampling
 
 def _metadata(s: dict, store_dir) -> dict:
     md = {k: v for k, v in s.items() if k not in ("dataset", "plan_before_run", "finish_reasons", "errors_by_reason",
-                                                   "flags")}
+                                                   "flags", "dead_runs")}
+    if s.get("dead_runs"):
+        md["dead_runs"] = md_table(s["dead_runs"])
     md["finish_reasons"] = md_table([{"finish_reason": k, "new": v} for k, v in sorted(s["finish_reasons"].items())])
     md["errors_by_reason"] = md_table([{"reason": k, "samples": v} for k, v in sorted(s["errors_by_reason"].items())])
     md["plan_before_run (estimate)"] = s["plan_before_run"]
@@ -172,6 +174,9 @@ def raw_responses(
         line = missing_line(s)
         if line:
             context.log.warning(line)
+        if s.get("billed_to_dead_runs_usd"):
+            context.log.warning(f"{p.dataset}: ${s['billed_to_dead_runs_usd']:.6f} billed to {len(s['dead_runs'])} earlier "
+                                f"run(s) that died, beyond what their replies showed ({s['billed_to_dead_runs_note']})")
         context.add_asset_metadata(_metadata(s, p.store.dir), partition_key=p.dataset)
     if run is not None:
         from eagle3_assets.generation.http_engine import raise_for_stop
@@ -183,6 +188,7 @@ def raw_responses(
             "run_concurrency": run.concurrency, "run_in_flight_peak": run.in_flight_peak,
             "run_in_flight_mean": round(run.in_flight_mean, 1), "run_full_gate_share": round(run.full_gate_share, 4),
             "run_attempts": run.attempts, "run_billed_usd": run.billed_usd, "run_cost_usd_kept": run.cost_usd,
+            "run_billed_to_dead_runs_usd": run.billed_to_dead_runs_usd,
             "run_seconds": round(run.elapsed_s, 2),
             "run_backend_info": {k: v for k, v in run.backend_info.items() if not isinstance(v, dict)},
         })

@@ -129,6 +129,7 @@ class EngineRun:
         self.meter = GateMeter(workers)
         self.transport_failures_in_row = 0
         self.write_error: BaseException | None = None
+        self.key_ledger = None  # KeyLedger when the backend reports the key's usage
         self.bar = None
         self._bar_t = 0.0
         self._next_lane = 0
@@ -252,6 +253,8 @@ class EngineRun:
                 exc = e
             finally:
                 self.meter.add(-1)
+            if exc is None:
+                lane.answered += 1
             latency = time.monotonic() - t_start
             if exc is not None:
                 outcome, parsed = classify_exception(exc), None
@@ -326,7 +329,8 @@ class EngineRun:
 
     # -- background tasks ---------------------------------------------------------------------------
     async def syncer(self) -> None:
-        """fsync every dataset's files that changed, every ``fsync_interval_s``."""
+        """fsync every dataset's files that changed, every ``fsync_interval_s``; record the attempts
+        and replies so far where a later run finds them if this one dies."""
         while True:
             await asyncio.sleep(self.settings.fsync_interval_s)
             for lane in self.lanes:
@@ -336,6 +340,12 @@ class EngineRun:
                     except OSError as e:
                         self.write_error = e
                         self.stop("write_failed", f"{type(e).__name__}: {e}")
+            if self.key_ledger is not None:
+                try:
+                    self.key_ledger.checkpoint({lane.dataset: (lane.report.attempts, lane.answered)
+                                                for lane in self.lanes})
+                except OSError as e:
+                    log.warning("%s: the run state could not be recorded: %s", self.backend.source, e)
 
     async def ticker(self) -> None:
         while True:

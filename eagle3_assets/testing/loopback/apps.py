@@ -420,7 +420,7 @@ class OpenRouterApp(LoopbackApp):
         content = self.gen.decode(out.output_ids[r:])
         cost = len(prompt_ids) * self.prompt_price + n * self.completion_price
         self.billed.append(cost)
-        self.ledger.bill(cost)
+        self.ledger.bill(cost, gen_id)
         self.completion_tokens_billed += n
         key = messages_key(messages)
         self.generated[key] += 1

@@ -27,6 +27,7 @@ class LedgerEntry:
     status: int | None = None  # the reply's HTTP status (None while in progress)
     cost_usd: float = 0.0
     billed: bool = False
+    generation_id: str | None = None
     delivered_at: float | None = None  # the reply's last byte was handed to the socket
     lost: str | None = None  # why it never got there: dropped, client_gone, write_failed
 
@@ -51,11 +52,11 @@ class Ledger:
         return entry
 
     @staticmethod
-    def bill(cost: float) -> None:
+    def bill(cost: float, generation_id: str | None = None) -> None:
         """Bill the request being handled (the caller's task)."""
         entry = _current.get()
         if entry is not None:
-            entry.cost_usd, entry.billed = cost, True
+            entry.cost_usd, entry.billed, entry.generation_id = cost, True, generation_id
 
     @staticmethod
     def follow(entry: LedgerEntry, reply) -> None:
