@@ -178,6 +178,13 @@ def raw_responses(
             context.log.warning(f"{p.dataset}: ${s['billed_to_dead_runs_usd']:.6f} billed to {len(s['dead_runs'])} earlier "
                                 f"run(s) that died, beyond what their replies showed ({s['billed_to_dead_runs_note']})")
         context.add_asset_metadata(_metadata(s, p.store.dir), partition_key=p.dataset)
+    if run is not None and run.client.get("in_flight_limited_share"):
+        c = run.client
+        context.log.warning(
+            f"this process could not read replies as fast as {run.concurrency} in flight returned them (its event "
+            f"loop ran {c['loop_lag_ms_p99']} ms late at p99): for {c['in_flight_limited_share']:.0%} of the run it "
+            f"kept fewer in flight (down to {c['in_flight_limit_min']}) so that paid replies reach the file as they "
+            "arrive; more in flight needs more client processes (one run per group of datasets)")
     if run is not None:
         from eagle3_assets.generation.http_engine import raise_for_stop
 
@@ -189,6 +196,7 @@ def raw_responses(
             "run_in_flight_mean": round(run.in_flight_mean, 1), "run_full_gate_share": round(run.full_gate_share, 4),
             "run_attempts": run.attempts, "run_billed_usd": run.billed_usd, "run_cost_usd_kept": run.cost_usd,
             "run_billed_to_dead_runs_usd": run.billed_to_dead_runs_usd,
+            **{f"run_{k}": v for k, v in run.client.items()},
             "run_seconds": round(run.elapsed_s, 2),
             "run_backend_info": {k: v for k, v in run.backend_info.items() if not isinstance(v, dict)},
         })

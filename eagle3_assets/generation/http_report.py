@@ -80,6 +80,7 @@ class HttpGenerationReport(_Rates):
     budget_used: int = 0
     budget_remaining: int = 0
     clients: int = 0
+    client: dict = field(default_factory=dict)  # the client process: its loop's lateness, the brake (loop_brake)
     backend_info: dict = field(default_factory=dict)
     lanes: dict = field(default_factory=dict)  # dataset -> HttpGenerationReport (run reports only)
 
@@ -133,7 +134,7 @@ class HttpGenerationReport(_Rates):
             "tokens_per_s": round(self.tokens_per_s, 1), "concurrency": self.concurrency,
             "in_flight_peak": self.in_flight_peak, "in_flight_mean": round(self.in_flight_mean, 1),
             "achieved_concurrency": round(self.achieved_concurrency, 4),
-            "full_gate_share": round(self.full_gate_share, 4), "clients": self.clients,
+            "full_gate_share": round(self.full_gate_share, 4), "clients": self.clients, **self.client,
             "budget_policy": self.budget_policy, "budget_limit": self.budget_limit, "budget_used": self.budget_used,
             "budget_remaining": self.budget_remaining, "budget_overshoot": self.budget_overshoot,
             "backend_info": self.backend_info,
