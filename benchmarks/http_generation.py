@@ -13,8 +13,7 @@ fake ids, a simulated latency per request), so the figures below are the *client
 * requests/s, client CPU seconds per request (``resource.getrusage`` of the client process) and
   its peak RSS (``ru_maxrss``); each variant runs in a fresh client process;
 * side by side: sharded clients (one AsyncClient per ~10 connections, the engine's design)
-  versus a single AsyncClient whose pool holds every connection; and the engine with its loop
-  brake (fewer in flight while this process cannot read replies as they arrive) versus without. Each variant is bounded by a
+  versus a single AsyncClient whose pool holds every connection. Each variant is bounded by a
   request count and a wall-clock limit (then the stop event drains it), and its process is
   killed at a hard deadline if it cannot stop (then the rows it had written are counted), so
   every variant ends within a minute and the whole run in about two and a half.
@@ -72,7 +71,7 @@ def requests_for(n: int, tag: str) -> list[SampleRequest]:
 
 
 async def run_variant(name: str, url: str, *, concurrency: int, n: int, time_limit: float, single: bool,
-                      store_dir: str, connections: int = 10, max_loop_lag_s: float | None = 0.05, **_) -> dict:
+                      store_dir: str, connections: int = 10, **_) -> dict:
     """One variant, in this (child) process: the figures are this process's own."""
     store = ResponseStore(store_dir)
     stop = asyncio.Event()
@@ -94,7 +93,7 @@ async def run_variant(name: str, url: str, *, concurrency: int, n: int, time_lim
         stop_event=stop, retry=RetryPolicy(max_attempts=3, base_delay_s=0.5),
         client=ClientConfig(single_client=single, connections_per_client=connections, read_timeout_s=120,
                             attempt_timeout_s=300),
-        drain_timeout_s=5.0, preflight=False, max_loop_lag_s=max_loop_lag_s)
+        drain_timeout_s=5.0, preflight=False)
     wall = time.monotonic() - t0
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     sampler.cancel()
@@ -107,8 +106,6 @@ async def run_variant(name: str, url: str, *, concurrency: int, n: int, time_lim
         "peak_rss_mb": ru1.ru_maxrss / 1024, "stopped": report.stopped_reason or "finished",
         "errors": report.errors, "retries": sum(report.retries.values()),
         "loop_lag_ms_mean": 1000 * sum(lags) / max(1, len(lags)), "loop_lag_ms_max": 1000 * max(lags, default=0.0),
-        "brake_limited_share": report.client.get("in_flight_limited_share", 0.0),
-        "brake_limit_min": report.client.get("in_flight_limit_min", concurrency),
     }
 
 
@@ -156,8 +153,7 @@ def run_child(url: str, spec: dict, server_pid: int) -> dict:
                   "client_in_flight_mean": float("nan"), "achieved": float("nan"), "cpu_s": float("nan"),
                   "cpu_ms_per_req": float("nan"), "peak_rss_mb": float("nan"),
                   "stopped": f"KILLED at the {hard:.0f}s hard limit (rows = lines it had written)", "errors": 0,
-                  "retries": 0, "loop_lag_ms_mean": float("nan"), "loop_lag_ms_max": float("nan"),
-                  "brake_limited_share": float("nan"), "brake_limit_min": -1}
+                  "retries": 0, "loop_lag_ms_mean": float("nan"), "loop_lag_ms_max": float("nan")}
     shutil.rmtree(store_dir, ignore_errors=True)
     result["server_concurrency_mean"] = st["concurrency_mean"]
     result["server_concurrency_steady"] = steady
@@ -174,8 +170,7 @@ def fmt(r: dict) -> str:
             f"{r['client_in_flight_mean']:>6.1f} = {100 * r['achieved']:5.1f}% of {r['gate']}, at the server "
             f"{r['server_concurrency_steady']:>6.1f} steady ({100 * r['server_concurrency_steady'] / r['gate']:5.1f}%) "
             f"peak {r['server_concurrency_peak']} | client CPU {r['cpu_ms_per_req']:.2f} ms/req (server "
-            f"{r['server_cpu_ms_per_req']:.2f}), loop lag {r['loop_lag_ms_mean']:.0f} ms mean, brake "
-            f"{100 * r['brake_limited_share']:.0f}% of the run (down to {r['brake_limit_min']}) | peak RSS "
+            f"{r['server_cpu_ms_per_req']:.2f}), loop lag {r['loop_lag_ms_mean']:.0f} ms mean | peak RSS "
             f"{r['peak_rss_mb']:.0f} MiB | {r['clients']} client(s) | {r['stopped']}, {r['wall_s']:.1f}s")
 
 
@@ -192,8 +187,6 @@ def main(args) -> None:
         lat = dict(latency=args.latency, jitter=args.jitter)
         variants = [
             dict(name="sharded x10 @2000", concurrency=2000, n=args.n, time_limit=args.limit, single=False, **lat),
-            dict(name="sharded x10 @2000 nobrake", concurrency=2000, n=args.n, time_limit=args.limit, single=False,
-                 max_loop_lag_s=None, **lat),
             dict(name="single-client @2000", concurrency=2000, n=args.n, time_limit=args.single_limit, single=True,
                  grace=10.0, **lat),
             dict(name="sharded x10 @200", concurrency=200, n=args.n_small, time_limit=args.small_limit, single=False,

@@ -28,6 +28,7 @@ from eagle3_assets.runs import pool_slot
 from resources import DatasetSettings, OpenRouterResource, SGLangResource, StorageResource, TargetResource, VLLMResource
 
 BACKENDS = ("local", "sglang", "openrouter", "vllm")
+SLOW_LOOP_MS = 100.0  # a client loop later than this at p99 is warned about
 
 # `backfill_policy` is marked beta; and a job holding this asset with the one-dataset-per-run stages
 # (`dataset_pipeline`) warns that it backfills one partition per run, which is what it is for.
@@ -178,13 +179,13 @@ def raw_responses(
             context.log.warning(f"{p.dataset}: ${s['billed_to_dead_runs_usd']:.6f} billed to {len(s['dead_runs'])} earlier "
                                 f"run(s) that died, beyond what their replies showed ({s['billed_to_dead_runs_note']})")
         context.add_asset_metadata(_metadata(s, p.store.dir), partition_key=p.dataset)
-    if run is not None and run.client.get("in_flight_limited_share"):
+    if run is not None and run.client.get("loop_lag_ms_p99", 0.0) > SLOW_LOOP_MS:
         c = run.client
         context.log.warning(
-            f"this process could not read replies as fast as {run.concurrency} in flight returned them (its event "
-            f"loop ran {c['loop_lag_ms_p99']} ms late at p99): for {c['in_flight_limited_share']:.0%} of the run it "
-            f"kept fewer in flight (down to {c['in_flight_limit_min']}) so that paid replies reach the file as they "
-            "arrive; more in flight needs more client processes (one run per group of datasets)")
+            f"this process read replies late: its event loop ran {c['loop_lag_ms_p99']} ms late at p99 "
+            f"({c['loop_lag_ms_max']} ms at worst) with {run.concurrency} in flight; replies delivered and not yet "
+            "read are lost to a kill and bought again. Fewer in flight per run (or one run per group of datasets) "
+            "keeps it short")
     if run is not None:
         from eagle3_assets.generation.http_engine import raise_for_stop
 

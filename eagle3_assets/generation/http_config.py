@@ -60,8 +60,7 @@ class EngineSettings:
 
     ``concurrency`` is the one in-flight gate shared by every dataset of the run. Replies reach
     their file with one ``write`` each as soon as they are parsed; ``fsync_interval_s`` bounds what
-    a machine crash (not a killed process) can lose. ``max_loop_lag_s``: while the event loop runs
-    later than this, fewer samples are kept in flight (:mod:`loop_brake`); None keeps the gate.
+    a machine crash (not a killed process) can lose.
     """
 
     concurrency: int = 256
@@ -73,4 +72,3 @@ class EngineSettings:
     progress_every_s: float = 10.0
     bar: bool = False
     preflight: bool = True
-    max_loop_lag_s: float | None = 0.05

@@ -79,7 +79,7 @@ async def run_datasets(jobs: list[DatasetJob], backend, *, sampling: SamplingSet
             lane.open()
         run.key_ledger = _open_key_ledger(backend, lanes, report)
         try:
-            aux = [asyncio.create_task(run.syncer()), asyncio.create_task(run.brake.run())]
+            aux = [asyncio.create_task(run.syncer()), asyncio.create_task(run.loop_lag.run())]
             if progress is not None:
                 aux.append(asyncio.create_task(run.ticker()))
             if stop_event is not None:
@@ -175,7 +175,7 @@ def _finish(run: EngineRun, started: bool) -> None:
     report.elapsed_s = time.monotonic() - run.meter.t0 if started else 0.0
     report.in_flight_peak = run.meter.peak
     report.in_flight_mean, report.full_gate_share = run.meter.figures() if started else (0.0, 0.0)
-    report.client = run.brake.figures() if started else {}
+    report.client = run.loop_lag.figures() if started else {}
     if stop is None:
         endings = {lane.report.stopped_reason for lane in run.lanes} - {None}
         report.stopped_reason = "budget" if "budget" in endings else ("max_new_samples" if endings else None)
@@ -209,7 +209,6 @@ async def run_generation(
     fsync_interval_s: float = 1.0,
     max_new_samples: int | None = None,
     preflight: bool = True,
-    max_loop_lag_s: float | None = 0.05,
 ) -> HttpGenerationReport:
     """One dataset: generate every request whose sample id is on disk in no source yet, within ``budget``.
 
@@ -226,8 +225,7 @@ async def run_generation(
     settings = EngineSettings(concurrency=concurrency, max_tokens=max_tokens, retry=retry or RetryPolicy(),
                               client=client or ClientConfig(),
                               drain_timeout_s=drain_timeout_s, fsync_interval_s=fsync_interval_s,
-                              progress_every_s=progress_every_s, bar=bar, preflight=preflight,
-                              max_loop_lag_s=max_loop_lag_s)
+                              progress_every_s=progress_every_s, bar=bar, preflight=preflight)
     run = await run_datasets([job], backend, sampling=sampling, settings=settings, stop_event=stop_event,
                              progress=progress)
     lane = run.lanes[dataset]

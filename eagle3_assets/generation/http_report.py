@@ -80,7 +80,7 @@ class HttpGenerationReport(_Rates):
     budget_used: int = 0
     budget_remaining: int = 0
     clients: int = 0
-    client: dict = field(default_factory=dict)  # the client process: its loop's lateness, the brake (loop_brake)
+    client: dict = field(default_factory=dict)  # the client process: how late its event loop ran (loop_lag)
     backend_info: dict = field(default_factory=dict)
     lanes: dict = field(default_factory=dict)  # dataset -> HttpGenerationReport (run reports only)
 

@@ -8,9 +8,8 @@
 * Retries back off exponentially with jitter and honour ``Retry-After``; 429 and in-flight 402 set a
   cooldown shared by every worker; 401 and credit or key-limit 402 stop the run cleanly.
 * A kept reply is written to its dataset's file at once (see :mod:`lanes`); a background task
-  fsyncs every ``fsync_interval_s``. While the event loop runs late (more replies than this process
-  can read), fewer samples are kept in flight (:mod:`loop_brake`), so replies are read and written
-  as they arrive instead of waiting, paid for, in socket buffers.
+  fsyncs every ``fsync_interval_s``. How late the event loop runs (:mod:`loop_lag`) bounds how long
+  a delivered reply waits unread.
 * ``stop_event`` (``threading.Event`` or ``asyncio.Event``) stops admissions, lets in-flight
   requests end within ``drain_timeout_s``, then cancels the rest; cancelling the coroutine itself
   does the same. What is on disk is complete lines, so the next run resumes.
@@ -35,7 +34,7 @@ from eagle3_assets.generation.classify import Outcome, classify_exception
 from eagle3_assets.generation.http_config import EngineSettings
 from eagle3_assets.generation.http_report import HttpGenerationReport, Progress
 from eagle3_assets.generation.lanes import Lane
-from eagle3_assets.generation.loop_brake import LoopBrake
+from eagle3_assets.generation.loop_lag import LoopLag
 from eagle3_assets.generation.response_store import now_iso
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
 
@@ -130,7 +129,7 @@ class EngineRun:
         self.rng = random.Random(self.retry.seed)
         self.cooldown_until = 0.0
         self.meter = GateMeter(workers)
-        self.brake = LoopBrake(workers, settings.max_loop_lag_s)
+        self.loop_lag = LoopLag()
         self.transport_failures_in_row = 0
         self.write_error: BaseException | None = None
         self.key_ledger = None  # KeyLedger when the backend reports the key's usage
@@ -147,7 +146,6 @@ class EngineRun:
             self.report.fatal = self.backend.redact(message)
         self.stopping.set()
         self.meter.close()
-        self.brake.close()
         self.waiters.wake_all()
         log.log(logging.INFO if reason == "cancelled" else logging.WARNING, "%s run stopping: %s %s",
                 self.backend.source, reason, self.backend.redact(message))
@@ -261,7 +259,6 @@ class EngineRun:
             if exc is None:
                 lane.answered += 1
             latency = time.monotonic() - t_start
-            self.brake.observe_rtt(latency)
             if exc is not None:
                 outcome, parsed = classify_exception(exc), None
                 lane.report.lost_attempts += 1
@@ -316,22 +313,18 @@ class EngineRun:
     async def worker(self, w: int, shards) -> None:
         client, base_url = shards.for_worker(w)
         while True:
-            await self.brake.acquire()
+            got = await self.admit()
+            if got is None:
+                return
+            lane, req, res = got
+            self.meter.hold(+1)
             try:
-                got = await self.admit()
-                if got is None:
-                    return
-                lane, req, res = got
-                self.meter.hold(+1)
-                try:
-                    await self.process(lane, req, res, client, base_url)
-                finally:
-                    self.meter.hold(-1)
-                    if res.open:  # stopped or cancelled mid-request: give the reservation back
-                        res.release()
-                        self.waiters.wake()
+                await self.process(lane, req, res, client, base_url)
             finally:
-                self.brake.release()
+                self.meter.hold(-1)
+                if res.open:  # stopped or cancelled mid-request: give the reservation back
+                    res.release()
+                    self.waiters.wake()
 
     def on_worker_done(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:  # a bug, not a reply: stop, flush, raise
