@@ -8,6 +8,9 @@ ways), the whole process group killed with SIGKILL at seeded random moments, the
 run again after each kill, and once more to the end. The server keeps a ledger of every request
 (billed or not, delivered or not) - the independent record everything is checked against:
 
+* first, without a kill, the engine alone in this process on the same prompts and server: for every
+  reply, the time from the server handing it to the socket to its row being in the file (the
+  window a kill can fall into), and how late the client's event loop ran;
 * per kill: replies the server had delivered that are not on disk (how many, how long before the
   kill), and requests in flight that the server finished and billed after the client vanished;
 * after the last run: the dollars the server billed against what the project reports (its
@@ -39,7 +42,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eagle3_assets.corpus.inventory import response_frame, summarize  # noqa: E402
+from eagle3_assets.generation import response_store  # noqa: E402
+from eagle3_assets.generation.backends import OpenRouterBackend  # noqa: E402
+from eagle3_assets.generation.budget import TokenBudget  # noqa: E402
+from eagle3_assets.generation.http_engine import generate_http  # noqa: E402
 from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
+from eagle3_assets.generation.samples import SampleRequest, SamplingSettings  # noqa: E402
 from eagle3_assets.paths import DataLayout, ensure_dagster_home  # noqa: E402
 from eagle3_assets.prompts.reader import Prompt  # noqa: E402
 from eagle3_assets.prompts.table import write_prompt_table  # noqa: E402
@@ -142,6 +150,46 @@ def after_kill(url: str, t_launch: float, t_kill: float, store: ResponseStore, k
             "lost_keys": sorted(lost)}
 
 
+def job_totals(entries: list[dict]) -> dict:
+    """The server ledger's totals over these entries (what ``Ledger.totals`` sums, for a slice)."""
+    billed = [e for e in entries if e["billed"]]
+    return {"requests": len(entries), "billed": len(billed), "billed_usd": math.fsum(e["cost_usd"] for e in billed),
+            "delivered": sum(1 for e in billed if e["delivered_at"] is not None),
+            "delivered_usd": math.fsum(e["cost_usd"] for e in billed if e["delivered_at"] is not None),
+            "billed_undelivered": sum(1 for e in billed if e["lost"] is not None),
+            "billed_undelivered_usd": math.fsum(e["cost_usd"] for e in billed if e["lost"] is not None),
+            "client_gone": sum(1 for e in entries if e["lost"] == "client_gone")}
+
+
+def window_alone(url: str, args) -> dict:
+    """The engine alone, no kill: per reply, server delivery -> row written (ms), and the loop's lateness."""
+    written: dict[str, float] = {}
+    plain = response_store.ResponseWriter.write_row
+
+    def write_row(self, row):
+        plain(self, row)
+        written[row["generation_id"]] = time.time()
+
+    response_store.ResponseWriter.write_row = write_row
+    try:
+        reqs = [SampleRequest(f"salone{i:06d}", "alone", f"p{i}", 0,
+                              [{"role": "user", "content": f"alone: question {i} - explain step {i % 97}"}])
+                for i in range(args.prompts)]
+        t0 = time.monotonic()
+        rep = generate_http(reqs, OpenRouterBackend(KEY, "moonshotai/kimi-k2.5", base_url=url + "/api/v1"),
+                            ResponseStore(tempfile.mkdtemp(prefix="kill-replay-alone-")), TokenBudget(10**12),
+                            sampling=SamplingSettings("bench"), max_tokens=args.max_tokens,
+                            concurrency=args.concurrency)
+        wall = time.monotonic() - t0
+    finally:
+        response_store.ResponseWriter.write_row = plain
+    delivered = {e["generation_id"]: e["delivered_at"] for e in stats(url)["ledger_entries"] if e["delivered_at"]}
+    ms = sorted(1000 * (t - delivered[g]) for g, t in written.items() if g in delivered)
+    q = {f"p{int(100 * p)}": round(ms[int(p * (len(ms) - 1))], 1) for p in (0.5, 0.9, 0.99)} if ms else {}
+    return {"rows": rep.new, "wall_s": round(wall, 1), "window_ms": {**q, "max": round(ms[-1], 1) if ms else None},
+            "client": rep.client, "load": os.getloadavg()[0]}
+
+
 def last_materialization(root: Path) -> dict:
     import dagster as dg
 
@@ -186,6 +234,10 @@ def main() -> int:
         counter = RowCounter(store.path("openrouter"))
         log = (root / "materialize.log").open("ab")
         print(f"loopback OpenRouter at {url}; data under {root}; load {load[0]:.1f}", flush=True)
+        alone = figures["engine_alone"] = window_alone(url, args)
+        print(f"engine alone, no kill: {alone['rows']} rows in {alone['wall_s']} s; delivered -> on disk "
+              f"{alone['window_ms']} ms; client loop late {alone['client']} ms; load {alone['load']:.1f}", flush=True)
+        ledger_start = len(stats(url)["ledger_entries"])
         for k in range(args.kills):
             before = counter.count()
             target = before + rng.randint(args.prompts // 20, args.prompts // 6)
@@ -213,10 +265,11 @@ def main() -> int:
         print(f"final run: exit {rc} in {time.monotonic() - t0:.1f} s", flush=True)
         time.sleep(1.0)
         s = stats(url)
+        s["ledger_entries"] = s["ledger_entries"][ledger_start:]  # the killed and re-run job only
         rows = store.rows()
         inv = summarize(DATASET, response_frame(rows), 10**12, store.billing(), 0).filter(source="all").to_dicts()[0]
         md = last_materialization(root)
-        ledger = s["ledger"]
+        ledger = job_totals(s["ledger_entries"])
         generated = s["generated"]
         lost_keys = {k for f in figures["kills"] for k in f["lost_keys"]}
         twice = {k for k, v in generated.items() if v > 1}
@@ -224,8 +277,8 @@ def main() -> int:
             "rows": len(rows), "distinct_prompts": len({r["prompt_id"] for r in rows}),
             "server": {k: ledger[k] for k in ("requests", "billed", "billed_usd", "delivered", "delivered_usd",
                                               "billed_undelivered", "billed_undelivered_usd", "client_gone")},
-            "key_usage_growth_usd": s["billed_usd"],
             "project": {"inventory_billed_usd": inv["billed_usd"], "inventory_kept_usd": inv["cost_usd"],
+                        "inventory_billed_dead_runs_usd": inv.get("billed_dead_runs_usd"),
                         "metadata_total_billed_usd": md.get("total_billed_usd"),
                         "metadata_total_cost_usd": md.get("total_cost_usd"),
                         "metadata_billed_to_dead_runs_usd": md.get("billed_to_dead_runs_usd")},
@@ -240,9 +293,10 @@ def main() -> int:
         print(f"server ledger: {sv['requests']} requests, {sv['billed']} billed ${sv['billed_usd']:.6f} = delivered "
               f"{sv['delivered']} ${sv['delivered_usd']:.6f} + billed undelivered {sv['billed_undelivered']} "
               f"${sv['billed_undelivered_usd']:.6f} ({sv['client_gone']} finished after their client was gone)")
-        print(f"project: inventory billed ${pj['inventory_billed_usd']:.6f} (kept ${pj['inventory_kept_usd']:.6f}); "
-              f"last materialization total_billed_usd {pj['metadata_total_billed_usd']}, "
-              f"billed to runs that died {pj['metadata_billed_to_dead_runs_usd']}")
+        print(f"project: inventory billed ${pj['inventory_billed_usd']:.6f} (kept ${pj['inventory_kept_usd']:.6f}; "
+              f"of it billed to runs that died {pj['inventory_billed_dead_runs_usd']}); last materialization "
+              f"total_billed_usd {pj['metadata_total_billed_usd']} (billed_to_dead_runs_usd, the last kill's: "
+              f"{pj['metadata_billed_to_dead_runs_usd']})")
         gap = sv["billed_usd"] - pj["inventory_billed_usd"]
         print(f"missing from the project's bill: ${gap:.6f} ({100 * gap / sv['billed_usd']:.1f}% of the spend)")
         for i, f in enumerate(figures["kills"], start=1):
