@@ -140,8 +140,8 @@ def after_kill(url: str, t_launch: float, t_kill: float, store: ResponseStore, k
     kept = kept_keys(store, key_of)
     mine = [e for e in s["ledger_entries"] if t_launch <= e["received_at"] < t_kill]
     delivered = {}
-    for e in mine:
-        if e["delivered_at"] is not None and e["delivered_at"] < t_kill:
+    for e in mine:  # replies worth a row (billed), handed to the socket before the kill
+        if e["billed"] and e["delivered_at"] is not None and e["delivered_at"] < t_kill:
             delivered[e["key"]] = max(delivered.get(e["key"], 0.0), e["delivered_at"])
     lost = {k: t_kill - t for k, t in delivered.items() if k not in kept}
     gone = [e for e in mine if e["lost"] == "client_gone"]
@@ -187,7 +187,7 @@ def window_alone(url: str, args) -> dict:
     ms = sorted(1000 * (t - delivered[g]) for g, t in written.items() if g in delivered)
     q = {f"p{int(100 * p)}": round(ms[int(p * (len(ms) - 1))], 1) for p in (0.5, 0.9, 0.99)} if ms else {}
     return {"rows": rep.new, "wall_s": round(wall, 1), "window_ms": {**q, "max": round(ms[-1], 1) if ms else None},
-            "client": rep.client, "load": os.getloadavg()[0]}
+            "client": getattr(rep, "client", {}), "load": os.getloadavg()[0]}
 
 
 def last_materialization(root: Path) -> dict:

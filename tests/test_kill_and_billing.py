@@ -119,7 +119,8 @@ def test_kill_when_the_next_request_arrives_loses_nothing_delivered(tmp_path, se
     stats = settled(srv)
     ledger = stats["ledger_entries"]
     # later deliveries went to the socket of a process being torn down: they reach no one
-    delivered = [e["key"] for e in ledger if e["delivered_at"] is not None and e["delivered_at"] < box["t_kill"]]
+    delivered = [e["key"] for e in ledger if e["billed"] and e["delivered_at"] is not None
+                 and e["delivered_at"] < box["t_kill"]]
     kept = [by_sample[r["sample_id"]] for r in store.rows()]
     assert len(delivered) == k - 1 and sorted(kept) == sorted(delivered), (seed, k, len(delivered), len(kept))
     in_flight = ledger[k - 1]  # finished and billed after its client was killed, as a provider does
@@ -165,12 +166,13 @@ def test_kill_at_random_points_counts_delivered_against_kept(tmp_path, serve, se
         assert proc.returncode == -signal.SIGKILL, f"round {round_}: the child ended early: {proc.stderr.read()[-2000:]}"
         stats = settled(srv)
         delivered: dict[str, float] = {}
-        for e in stats["ledger_entries"]:  # this run's replies the server handed to the socket before the kill
-            if e["received_at"] >= t_launch and e["delivered_at"] is not None and e["delivered_at"] < t_kill:
+        for e in stats["ledger_entries"]:  # this run's billed replies the server handed to the socket before the kill
+            if (e["received_at"] >= t_launch and e["billed"] and e["delivered_at"] is not None
+                    and e["delivered_at"] < t_kill):
                 delivered[e["key"]] = max(delivered.get(e["key"], 0.0), e["delivered_at"])
         kept = [by_sample[r["sample_id"]] for r in store.rows()]
         assert len(kept) == len(set(kept)), "a row was written twice"
-        assert set(kept) <= {e["key"] for e in stats["ledger_entries"] if e["delivered_at"] is not None}
+        assert set(kept) <= {e["key"] for e in stats["ledger_entries"] if e["billed"] and e["delivered_at"] is not None}
         lost = [t_kill - t for key, t in delivered.items() if key not in set(kept)]
         assert len(lost) <= WORKERS, f"seed {seed}, round {round_}: {len(lost)} delivered replies lost, ages {sorted(lost)}"
         lost_per_kill.append(sorted(lost))
