@@ -52,6 +52,7 @@ from eagle3_assets.paths import DataLayout, ensure_dagster_home  # noqa: E402
 from eagle3_assets.prompts.reader import Prompt  # noqa: E402
 from eagle3_assets.prompts.table import write_prompt_table  # noqa: E402
 from eagle3_assets.testing.loopback import messages_key  # noqa: E402
+from eagle3_assets.testing.loopback.process import loopback_process  # noqa: E402
 
 KEY = "sk-or-v1-kill-replay-benchmark"
 DATASET = "killed"
@@ -61,18 +62,11 @@ FAULTS = ",".join(f"{f}=0.03" for f in ("429", "408", "500", "502", "503", "524"
 KEY_USAGE_BEFORE = 12.5  # the key had been used before this job
 
 
-def start_server(args) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "eagle3_assets.testing.loopback", "openrouter", "--synthetic", "--port", "0",
-           "--api-key", KEY, "--latency", str(args.latency), "--latency-exp", "--latency-per-token",
-           str(args.per_token), "--lengths", f"lognormal:{args.median}:0.8", "--faults", FAULTS,
-           "--retry-after", str(args.retry_after), "--seed", str(args.seed), "--key-usage", str(KEY_USAGE_BEFORE),
-           "--uvloop"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise RuntimeError(f"loopback server did not start: {line}{proc.stdout.read()}")
-    return proc, line.split()[2]
+def server_args(args) -> list[str]:
+    return ["openrouter", "--synthetic", "--port", "0", "--api-key", KEY, "--latency", str(args.latency),
+            "--latency-exp", "--latency-per-token", str(args.per_token), "--lengths", f"lognormal:{args.median}:0.8",
+            "--faults", FAULTS, "--retry-after", str(args.retry_after), "--seed", str(args.seed),
+            "--key-usage", str(KEY_USAGE_BEFORE), "--uvloop"]
 
 
 def stats(url: str) -> dict:
@@ -218,16 +212,24 @@ def main() -> int:
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument("--keep", action="store_true")
     args = p.parse_args()
-    rng = random.Random(args.seed)
     from eagle3_assets.target.embedded import ensure_default_model
 
     os.environ["EAGLE3_MODEL_CACHE"] = os.environ.get("EAGLE3_MODEL_CACHE") or str(ROOT / "data" / "models")
     ensure_default_model(Path(os.environ["EAGLE3_MODEL_CACHE"]))
     root = Path(tempfile.mkdtemp(prefix="kill-replay-"))
-    server, url = start_server(args)
     load = os.getloadavg()
     figures: dict = {"args": vars(args), "load_at_start": load, "kills": []}
     try:
+        run_job(args, root, figures, load)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def run_job(args, root: Path, figures: dict, load) -> None:
+    rng = random.Random(args.seed)
+    with loopback_process(*server_args(args)) as (_, url):
         key_of = prepare(root, args.prompts)
         cfg = write_config(root, url, args)
         store = ResponseStore(DataLayout(root).responses_dir(DATASET))
@@ -310,15 +312,6 @@ def main() -> int:
             for f in figures["kills"]:
                 f.pop("lost_keys")
             Path(args.json).write_text(json.dumps(figures, indent=1, default=str))
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":

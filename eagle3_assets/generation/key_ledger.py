@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3_assets.generation.response_store import JsonlAppender, ResponseStore, complete_length, iter_jsonl, now_iso
+from eagle3_assets.processes import alive
 
 KEY_LEDGER = "key_usage.jsonl"
 OPEN_RUN = "run_open-{run}.json"
@@ -42,16 +43,6 @@ CAVEAT = ("from the key's usage between the run's start and the next reading of 
 def key_id(api_key: str) -> str:
     """A fingerprint that tells keys apart without revealing them."""
     return hashlib.sha256(api_key.encode()).hexdigest()[:12]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -184,8 +175,8 @@ class KeyLedger:
                 if state is None or state.get("run") in seen or state.get("run") == self.run:
                     continue
                 pid = int(state.get("pid", 0))
-                alive = state.get("host") == host and pid != os.getpid() and _pid_alive(pid)
-                if alive and not state.get("ended"):
+                live = state.get("host") == host and pid != os.getpid() and alive(pid)
+                if live and not state.get("ended"):
                     continue  # another live process runs this dataset: its bill is its own
                 seen.add(state["run"])
                 out.append(state)
