@@ -10,9 +10,11 @@ import sys
 
 import pytest
 
-from eagle3_assets.corpus.inventory import response_frame, summarize
+from eagle3_assets.corpus.inventory import response_frame, summarize, write_inventory
+from eagle3_assets.corpus.report import print_inventory
 from eagle3_assets.generation.key_ledger import DEAD_RUN_REASON, KEY_LEDGER, OPEN_RUN, KeyLedger, key_id
 from eagle3_assets.generation.response_store import JsonlAppender, ResponseStore
+from eagle3_assets.paths import DataLayout
 
 KEY = key_id("sk-or-v1-ledger-test")
 
@@ -51,7 +53,7 @@ def gone_pid() -> int:
     return proc.pid
 
 
-def test_a_dead_run_is_reconciled_once_and_shared_by_attempts_without_reply(tmp_path, gone_pid):
+def test_a_dead_run_is_reconciled_once_and_shared_by_attempts_without_reply(tmp_path, gone_pid, capsys):
     s = stores(tmp_path, "a", "b")
     dead = KeyLedger(s, "openrouter", KEY)
     dead.open(10.0)
@@ -75,6 +77,11 @@ def test_a_dead_run_is_reconciled_once_and_shared_by_attempts_without_reply(tmp_
     # the inventory shows the share as billed, and as billed to runs that died
     inv = summarize("a", response_frame(s["a"].rows()), 10**9, s["a"].billing(), 0).filter(source="all").to_dicts()[0]
     assert inv["billed_usd"] == pytest.approx(0.5 + 1.5) and inv["billed_dead_runs_usd"] == pytest.approx(1.5)
+    layout = DataLayout(tmp_path)  # and `eagle3 inventory` says what that figure is
+    write_inventory(layout.metadata_db, "a", summarize("a", response_frame(s["a"].rows()), 10**9, s["a"].billing(), 0))
+    print_inventory(layout)
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "1.5" in shown and "any other use of the same key" in shown
     nxt.close(13.0, {})
     assert open_runs(s["a"]) == open_runs(s["b"]) == []
     assert KeyLedger(s, "openrouter", KEY).open(13.0) == []  # nothing left to reconcile
