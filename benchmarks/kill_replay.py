@@ -19,6 +19,7 @@ run again after each kill, and once more to the end. The server keeps a ledger o
 
     .venv/bin/python benchmarks/kill_replay.py                  # ~3-4 minutes on 2 cores
     .venv/bin/python benchmarks/kill_replay.py --seed 7 --json out.json
+    .venv/bin/python benchmarks/kill_replay.py --alone-only --latency 30   # the window at ~66 replies/s
 """
 
 from __future__ import annotations
@@ -211,6 +212,7 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--alone-only", action="store_true", help="only the engine alone's window (no kills)")
     args = p.parse_args()
     from eagle3_assets.target.embedded import ensure_default_model
 
@@ -239,6 +241,8 @@ def run_job(args, root: Path, figures: dict, load) -> None:
         alone = figures["engine_alone"] = window_alone(url, args)
         print(f"engine alone, no kill: {alone['rows']} rows in {alone['wall_s']} s; delivered -> on disk "
               f"{alone['window_ms']} ms; client loop late {alone['client']} ms; load {alone['load']:.1f}", flush=True)
+        if args.alone_only:
+            return
         ledger_start = len(stats(url)["ledger_entries"])
         for k in range(args.kills):
             before = counter.count()
