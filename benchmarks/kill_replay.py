@@ -66,7 +66,7 @@ KEY_USAGE_BEFORE = 12.5  # the key had been used before this job
 def server_args(args) -> list[str]:
     return ["openrouter", "--synthetic", "--port", "0", "--api-key", KEY, "--latency", str(args.latency),
             "--latency-exp", "--latency-per-token", str(args.per_token), "--lengths", f"lognormal:{args.median}:0.8",
-            "--faults", FAULTS, "--retry-after", str(args.retry_after), "--seed", str(args.seed),
+            "--faults", "" if args.no_faults else FAULTS, "--retry-after", str(args.retry_after), "--seed", str(args.seed),
             "--key-usage", str(KEY_USAGE_BEFORE), "--uvloop"]
 
 
@@ -213,6 +213,7 @@ def main() -> int:
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--alone-only", action="store_true", help="only the engine alone's window (no kills)")
+    p.add_argument("--no-faults", action="store_true", help="every attempt answered (the window without retry bursts)")
     args = p.parse_args()
     from eagle3_assets.target.embedded import ensure_default_model
 
