@@ -34,7 +34,7 @@ demo: setup
 
 test: setup lint
 	@if [ -x $(VLLM_LINK)/bin/python ]; then echo "vLLM environment found ($(VLLM_LINK)): tests marked vllm run against real servers"; \
-	else echo "no vLLM environment (run 'make vllm'): tests marked vllm are SKIPPED"; fi
+	else echo "no vLLM environment (run 'make vllm'): tests marked vllm are SKIPPED (they fail under CI=true)"; fi
 	$(BIN)/python -m pytest
 
 lint: setup

@@ -93,7 +93,7 @@ async def run_variant(name: str, url: str, *, concurrency: int, n: int, time_lim
         stop_event=stop, retry=RetryPolicy(max_attempts=3, base_delay_s=0.5),
         client=ClientConfig(single_client=single, connections_per_client=connections, read_timeout_s=120,
                             attempt_timeout_s=300),
-        drain_timeout_s=5.0, preflight=False, writer_batch=256)
+        drain_timeout_s=5.0, preflight=False)
     wall = time.monotonic() - t0
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     sampler.cancel()

@@ -32,9 +32,7 @@ import math
 import os
 import resource
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -57,6 +55,7 @@ from eagle3_assets.paths import DataLayout  # noqa: E402
 from eagle3_assets.prompts.reader import Prompt  # noqa: E402
 from eagle3_assets.prompts.table import write_prompt_table  # noqa: E402
 from eagle3_assets.testing.dagster_dev import dagster_dev  # noqa: E402
+from eagle3_assets.testing.loopback.process import loopback_process  # noqa: E402
 
 KEY = "sk-or-v1-seed-replay-benchmark"
 FAULTS = "429=0.02,502=0.02,drop=0.01,billed_drop=0.01,heartbeat=0.05"
@@ -68,17 +67,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "eagle3_assets.testing.loopback", "openrouter", "--synthetic", "--port", "0",
-           "--api-key", KEY, "--latency", str(args.latency), "--latency-exp", "--latency-per-token",
-           str(args.per_token), "--lengths", f"lognormal:{args.median}:{args.sigma}", "--faults", FAULTS,
-           "--retry-after", "1", "--seed", "1", "--group-by-prefix", "--uvloop"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise RuntimeError(f"loopback server did not start: {line}{proc.stdout.read()}")
-    return proc, line.split()[2]
+def server_args(args) -> list[str]:
+    return ["openrouter", "--synthetic", "--port", "0", "--api-key", KEY, "--latency", str(args.latency),
+            "--latency-exp", "--latency-per-token", str(args.per_token), "--lengths", f"lognormal:{args.median}:{args.sigma}",
+            "--faults", FAULTS, "--retry-after", "1", "--seed", "1", "--group-by-prefix", "--uvloop"]
 
 
 def server_stats(url: str) -> dict:
@@ -314,35 +306,35 @@ def main() -> int:
     os.environ["EAGLE3_MODEL_CACHE"] = os.environ.get("EAGLE3_MODEL_CACHE") or str(ROOT / "data" / "models")
     ensure_default_model(Path(os.environ["EAGLE3_MODEL_CACHE"]))
     tmp = Path(tempfile.mkdtemp(prefix="seed-replay-"))
-    server, url = start_server(args)
     try:
-        print(f"loopback OpenRouter at {url}; data under {tmp}", flush=True)
-        steps = 2 if args.launch != "both" else 3
-        print(f"1/{steps} engine alone ...", flush=True)
-        alone = phase_engine_alone(args, url, names, tmp / "alone")
-        print(f"   {alone['wall_s']:.1f} s", flush=True)
-        users = []
-        modes = ["backfill", "single run"] if args.launch == "both" else [args.launch]
-        for i, mode in enumerate(modes, start=2):
-            print(f"{i}/{steps} {mode} through dagster dev ...", flush=True)
-            users.append(phase_user(args, url, names, tmp / mode.replace(" ", "-"), mode))
-            print(f"   {users[-1]['wall_s']:.1f} s", flush=True)
-        report(args, alone, users)
-        if args.json:
-            for ph in (alone, *users):
-                ph["stats"].pop("deliveries", None)
-                ph["stats"].pop("generated", None)
-            Path(args.json).write_text(json.dumps({"args": vars(args), "alone": alone, "launched": users}, indent=1,
-                                                  default=str))
+        with loopback_process(*server_args(args)) as (_, url):
+            replay(args, url, names, tmp)
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def replay(args, url: str, names: list[str], tmp: Path) -> None:
+    print(f"loopback OpenRouter at {url}; data under {tmp}", flush=True)
+    steps = 2 if args.launch != "both" else 3
+    print(f"1/{steps} engine alone ...", flush=True)
+    alone = phase_engine_alone(args, url, names, tmp / "alone")
+    print(f"   {alone['wall_s']:.1f} s", flush=True)
+    users = []
+    modes = ["backfill", "single run"] if args.launch == "both" else [args.launch]
+    for i, mode in enumerate(modes, start=2):
+        print(f"{i}/{steps} {mode} through dagster dev ...", flush=True)
+        users.append(phase_user(args, url, names, tmp / mode.replace(" ", "-"), mode))
+        print(f"   {users[-1]['wall_s']:.1f} s", flush=True)
+    report(args, alone, users)
+    if args.json:
+        for ph in (alone, *users):
+            ph["stats"].pop("deliveries", None)
+            ph["stats"].pop("generated", None)
+            ph["stats"].pop("ledger_entries", None)
+        Path(args.json).write_text(json.dumps({"args": vars(args), "alone": alone, "launched": users}, indent=1,
+                                              default=str))
 
 
 if __name__ == "__main__":

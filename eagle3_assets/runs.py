@@ -13,31 +13,16 @@ The data needs no recovery: every asset resumes from what is on disk.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import dagster as dg
 
+from eagle3_assets.processes import alive as _alive
+
 ACTIVE = [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.CANCELING]
 BLOCKED = ("Step blocked by limit for pool ", "Step still blocked by limit for pool ")
-
-
-def _alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie waiting to be reaped."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
 
 
 def runs_are_local(instance: dg.DagsterInstance) -> bool:

@@ -1,7 +1,11 @@
-"""Shared fixtures: an isolated data root per test, one converted copy of the real model."""
+"""Shared fixtures: an isolated data root per test, one converted copy of the real model; and
+what tests need that a machine may lack (``NEEDS``), skipped by ``make test``, fatal under CI."""
 
 import json
 import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,12 +21,83 @@ MODEL_CACHE = Path(os.environ.get("EAGLE3_MODEL_CACHE") or REPO_ROOT / "data" / 
 os.environ["EAGLE3_MODEL_CACHE"] = str(MODEL_CACHE)
 
 
-def pytest_report_header(config):
+def _vllm() -> str | None:
     from eagle3_assets.target.vllm_server import default_python, vllm_available
 
-    if vllm_available():
-        return f"vllm: {default_python()}: tests marked vllm start real vLLM servers"
-    return "vllm: no environment (run `make vllm`): tests marked vllm are SKIPPED"
+    return default_python() if vllm_available() else None
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _browser() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return None
+    return _chromium()
+
+
+def _browser_missing() -> str:
+    if not _chromium():
+        return "no Chromium browser on PATH (apt-get install -y chromium)"
+    return "playwright is not installed (pip install -e '.[test]')"
+
+
+@dataclass(frozen=True)
+class Need:
+    find: Callable[[], str | None]  # where the thing is, or None
+    missing: str | Callable[[], str]  # what is missing and what to do about it
+
+    def why(self) -> str:
+        return self.missing() if callable(self.missing) else self.missing
+
+
+# What tests marked with each key need. A plain `make test` skips them when it is missing and says
+# so; under CI=true a missing one fails each such test with the reason, so CI cannot pass by skipping.
+# Another kind joins with one line here (and its marker in pyproject.toml), e.g.
+#     "slurm": Need(lambda: shutil.which("sbatch"), "no SLURM (apt-get install -y slurm-wlm)"),
+NEEDS = {
+    "vllm": Need(_vllm, "no vLLM environment (.venv-vllm): run `make vllm`"),
+    "browser": Need(_browser, _browser_missing),
+}
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+_FOUND = pytest.StashKey[dict]()
+
+
+def _found(config, name: str) -> str | None:
+    cache = config.stash.setdefault(_FOUND, {})
+    if name not in cache:
+        cache[name] = NEEDS[name].find()
+    return cache[name]
+
+
+def pytest_report_header(config):
+    lines = []
+    for name, need in NEEDS.items():
+        where = _found(config, name)
+        if where:
+            lines.append(f"{name}: {where}: tests marked {name} run")
+        else:
+            then = "FAIL (CI=true)" if in_ci() else "are SKIPPED"
+            lines.append(f"{name}: {need.why()}: tests marked {name} {then}")
+    return lines
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before any fixture starts (a server, a webserver): skip, or under CI fail, what cannot run here."""
+    for name, need in NEEDS.items():
+        if item.get_closest_marker(name) is not None and not _found(item.config, name):
+            if in_ci():
+                pytest.fail(f"CI=true and this test needs {name}: {need.why()}", pytrace=False)
+            pytest.skip(f"{need.why()} (tests marked {name})")
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """The UI as a person uses it: ``dagster dev`` on a free port, a real backfill over GraphQL,
-then the asset graph and a check's page in a headless Chromium (skipped where there is none).
+then the asset graph and a check's page in a headless Chromium (marked ``browser``: skipped where
+there is none, a failure under CI=true).
 
 Marked ``ui``; deselect with ``-m 'not ui'``.
 """
@@ -128,16 +129,6 @@ def test_single_run_launch_serves_a_range_of_datasets_in_one_run(ui, backfill, c
     assert "--single-run launches raw_responses only" in capsys.readouterr().err
 
 
-def _chromium_or_skip():
-    if not CHROMIUM:
-        pytest.skip("no chromium on this machine (apt-get install -y chromium)")
-    try:
-        from playwright.sync_api import sync_playwright  # noqa: F401
-    except ImportError:
-        pytest.skip("playwright is not installed (pip install -e '.[test]')")
-    return CHROMIUM
-
-
 def _dismiss_onboarding(page) -> None:
     """The first visit asks for a newsletter sign-up; a person clicks Skip."""
     skip = page.get_by_role("button", name="Skip")
@@ -148,8 +139,9 @@ def _dismiss_onboarding(page) -> None:
         pass
 
 
+@pytest.mark.browser
 def test_asset_graph_and_check_pages_in_a_browser(ui, backfill, tmp_path):
-    chromium = _chromium_or_skip()
+    chromium = CHROMIUM
     from playwright.sync_api import expect, sync_playwright
 
     server, _, _ = ui

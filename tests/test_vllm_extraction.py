@@ -16,12 +16,11 @@ import dagster as dg
 import pytest
 import torch
 
-from eagle3_assets.target.vllm_server import VLLMServer, vllm_available
+from eagle3_assets.target.vllm_server import VLLMServer
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.model,
-    pytest.mark.skipif(not vllm_available(), reason="no vLLM environment (.venv-vllm): run `make vllm` to run these"),
     pytest.mark.usefixtures("one_torch_thread"),  # the other core is the server's
 ]
 

@@ -17,14 +17,13 @@ import json
 import dagster as dg
 import pytest
 
-from eagle3_assets.target.vllm_server import VLLMServer, vllm_available
+from eagle3_assets.target.vllm_server import VLLMServer
 from eagle3_assets.testing import small_drafter
 from tests.conftest import write_jsonl
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.model,
-    pytest.mark.skipif(not vllm_available(), reason="no vLLM environment (.venv-vllm): run `make vllm` to run these"),
     pytest.mark.usefixtures("one_torch_thread"),  # the other core is the server's
 ]
 

@@ -16,7 +16,7 @@ from eagle3_assets.tokens.assets import token_ids
 from resources import DatasetSettings, StorageResource
 
 SHOWN = ["source", "responses", "completion_tokens", "mean_len", "p50_len", "p95_len",
-         "finish_reasons", "budget_used", "budget_remaining", "cost_usd", "billed_usd", "missing"]
+         "finish_reasons", "budget_used", "budget_remaining", "cost_usd", "billed_usd", "billed_dead_runs_usd", "missing"]
 
 
 @dg.asset(
@@ -57,6 +57,7 @@ def inventory(context: dg.AssetExecutionContext, storage: StorageResource,
             "budget_overshoot": max(0, total["budget_used"] - total["budget_tokens"]),
             "cost_usd": float(total["cost_usd"] or 0.0),
             "billed_usd": float(total["billed_usd"] or 0.0),
+            "billed_dead_runs_usd": float(total["billed_dead_runs_usd"] or 0.0),
             **({} if missing is None else {"missing": len(missing),
                                            "unanswered (first 20)": md_table(missing[:20], ["prompt_id", "reason", "detail"])}),
             "p95_len": float(total["p95_len"] or 0.0),

@@ -6,7 +6,9 @@ prompt still without a response, with its reason). Only the inventory asset writ
 
 Dollars: ``cost_usd`` is what the kept rows cost; ``billed_usd`` adds every billed attempt that left
 no row (``billing.jsonl``: failed or retried replies, and the provider's bill beyond what replies
-showed). ``missing`` (on the ``all`` row) counts prompts without any response.
+showed); ``billed_dead_runs_usd`` is the part of it runs that died were billed beyond what they
+saw, reconciled from the key's usage by the run after them. ``missing`` (on the ``all`` row)
+counts prompts without any response.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 
 import duckdb
 import polars as pl
+
+from eagle3_assets.generation.key_ledger import DEAD_RUN_REASON
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS inventory (
@@ -27,13 +31,13 @@ CREATE TABLE IF NOT EXISTS inventory (
 )
 """
 # Columns added later; ALTER keeps databases written by earlier versions usable.
-ADDED_COLUMNS = {"billed_usd": "DOUBLE", "missing": "BIGINT"}
+ADDED_COLUMNS = {"billed_usd": "DOUBLE", "missing": "BIGINT", "billed_dead_runs_usd": "DOUBLE"}
 UNANSWERED_SCHEMA = """
 CREATE TABLE IF NOT EXISTS unanswered (dataset VARCHAR, prompt_id VARCHAR, reason VARCHAR, detail VARCHAR)
 """
 COLUMNS = ["dataset", "source", "responses", "completion_tokens", "prompt_tokens", "mean_len", "p50_len",
            "p95_len", "finish_reasons", "truncated", "budget_tokens", "budget_used", "budget_remaining", "cost_usd",
-           "billed_usd", "missing"]
+           "billed_usd", "billed_dead_runs_usd", "missing"]
 
 RESPONSE_COLUMNS = {
     "sample_id": pl.Utf8, "source": pl.Utf8, "finish_reason": pl.Utf8,
@@ -80,10 +84,13 @@ def summarize(dataset: str, responses: pl.DataFrame, budget_tokens: int, billing
         by_source.setdefault(source, {})[str(reason)] = n
     used = int(responses["completion_tokens"].sum() or 0)
     extra: dict[str, float] = {}  # billed without a row, by source and in all
+    dead: dict[str, float] = {}  # of it, what runs that died were billed
     for b in billing or []:
         cost = b.get("cost_usd") or 0.0
         for src in {b.get("source") or "all", "all"}:
             extra[src] = extra.get(src, 0.0) + cost
+            if b.get("reason") == DEAD_RUN_REASON:
+                dead[src] = dead.get(src, 0.0) + cost
     for src in extra:
         if src not in summary["source"].to_list():  # billed for a source that kept no row
             summary = pl.concat([summary, pl.DataFrame({"source": [src]})], how="diagonal_relaxed")
@@ -98,6 +105,7 @@ def summarize(dataset: str, responses: pl.DataFrame, budget_tokens: int, billing
         pl.lit(budget_tokens - used, pl.Int64).alias("budget_remaining"),
         (pl.col("cost_usd") + pl.col("source").replace_strict(extra, default=0.0, return_dtype=pl.Float64))
         .alias("billed_usd"),
+        pl.col("source").replace_strict(dead, default=0.0, return_dtype=pl.Float64).alias("billed_dead_runs_usd"),
         pl.when(pl.col("source") == "all").then(pl.lit(missing, pl.Int64)).otherwise(None).alias("missing"),
     ).select(COLUMNS).sort(pl.col("source") == "all", "source")
 

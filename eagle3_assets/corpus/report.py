@@ -9,7 +9,8 @@ INVENTORY_COLUMNS = [
     ("dataset", "dataset"), ("source", "source"), ("responses", "responses"),
     ("completion_tokens", "tokens"), ("mean_len", "mean"), ("p50_len", "p50"), ("p95_len", "p95"),
     ("finish_reasons", "finish reasons"), ("budget_used", "budget used"),
-    ("budget_remaining", "remaining"), ("cost_usd", "kept $"), ("billed_usd", "billed $"), ("missing", "missing"),
+    ("budget_remaining", "remaining"), ("cost_usd", "kept $"), ("billed_usd", "billed $"),
+    ("billed_dead_runs_usd", "of it, runs that died $"), ("missing", "missing"),
 ]
 
 
@@ -40,3 +41,8 @@ def print_inventory(layout: DataLayout) -> None:
         table.add_row(*[_fmt(row.get(k)) for k, _ in INVENTORY_COLUMNS],
                       style="bold" if row["source"] == "all" else None)
     console.print(table)
+    if "billed_dead_runs_usd" in frame.columns and (frame["billed_dead_runs_usd"].fill_null(0.0) > 0).any():
+        from eagle3_assets.generation.key_ledger import CAVEAT
+
+        console.print("'of it, runs that died': what runs that were killed or crashed were billed beyond what their "
+                      f"replies showed (requests in flight when they died), reconciled by the next run {CAVEAT}.")

@@ -28,6 +28,7 @@ from eagle3_assets.runs import pool_slot
 from resources import DatasetSettings, OpenRouterResource, SGLangResource, StorageResource, TargetResource, VLLMResource
 
 BACKENDS = ("local", "sglang", "openrouter", "vllm")
+SLOW_LOOP_MS = 100.0  # a client loop later than this at p99 is warned about
 
 # `backfill_policy` is marked beta; and a job holding this asset with the one-dataset-per-run stages
 # (`dataset_pipeline`) warns that it backfills one partition per run, which is what it is for.
@@ -98,7 +99,9 @@ def _run_http(context, config, backend, client_cfg, concurrency, preps, sampling
 
 def _metadata(s: dict, store_dir) -> dict:
     md = {k: v for k, v in s.items() if k not in ("dataset", "plan_before_run", "finish_reasons", "errors_by_reason",
-                                                   "flags")}
+                                                   "flags", "dead_runs")}
+    if s.get("dead_runs"):
+        md["dead_runs"] = md_table(s["dead_runs"])
     md["finish_reasons"] = md_table([{"finish_reason": k, "new": v} for k, v in sorted(s["finish_reasons"].items())])
     md["errors_by_reason"] = md_table([{"reason": k, "samples": v} for k, v in sorted(s["errors_by_reason"].items())])
     md["plan_before_run (estimate)"] = s["plan_before_run"]
@@ -172,7 +175,17 @@ def raw_responses(
         line = missing_line(s)
         if line:
             context.log.warning(line)
+        if s.get("billed_to_dead_runs_usd"):
+            context.log.warning(f"{p.dataset}: ${s['billed_to_dead_runs_usd']:.6f} billed to {len(s['dead_runs'])} earlier "
+                                f"run(s) that died, beyond what their replies showed ({s['billed_to_dead_runs_note']})")
         context.add_asset_metadata(_metadata(s, p.store.dir), partition_key=p.dataset)
+    if run is not None and run.client.get("loop_lag_ms_p99", 0.0) > SLOW_LOOP_MS:
+        c = run.client
+        context.log.warning(
+            f"this process read replies late: its event loop ran {c['loop_lag_ms_p99']} ms late at p99 "
+            f"({c['loop_lag_ms_max']} ms at worst) with {run.concurrency} in flight; replies delivered and not yet "
+            "read are lost to a kill and bought again. Fewer in flight per run (or one run per group of datasets) "
+            "keeps it short")
     if run is not None:
         from eagle3_assets.generation.http_engine import raise_for_stop
 
@@ -183,6 +196,8 @@ def raw_responses(
             "run_concurrency": run.concurrency, "run_in_flight_peak": run.in_flight_peak,
             "run_in_flight_mean": round(run.in_flight_mean, 1), "run_full_gate_share": round(run.full_gate_share, 4),
             "run_attempts": run.attempts, "run_billed_usd": run.billed_usd, "run_cost_usd_kept": run.cost_usd,
+            "run_billed_to_dead_runs_usd": run.billed_to_dead_runs_usd,
+            **{f"run_{k}": v for k, v in run.client.items()},
             "run_seconds": round(run.elapsed_s, 2),
             "run_backend_info": {k: v for k, v in run.backend_info.items() if not isinstance(v, dict)},
         })

@@ -237,6 +237,13 @@ class OpenRouterBackend:
     def __repr__(self) -> str:
         return f"OpenRouterBackend(model={self.model!r}, base_url={self.base_url!r}, api_key='***')"
 
+    @property
+    def key_id(self) -> str:
+        """The key's fingerprint in the key-usage ledger (never the key)."""
+        from eagle3_assets.generation.key_ledger import key_id
+
+        return key_id(self._api_key)
+
     def headers(self) -> dict:
         h = {"Authorization": f"Bearer {self._api_key}"}
         if self.app_name:

@@ -93,6 +93,7 @@ def summarize(p: PreparedDataset, backend: str, rep) -> dict:
     errors = rep.errors if http else 0
     cost_new = rep.cost_usd if http else 0.0
     billed_new = rep.billed_usd if http else 0.0
+    dead = rep.billed_to_dead_runs_usd if http else 0.0
     total_tokens = p.state.completion_tokens + rep.completion_tokens
     left_by_budget = rep.left_by_budget
     left_unstarted = rep.left_unstarted if http else (p.held_back if not left_by_budget else 0)
@@ -113,15 +114,26 @@ def summarize(p: PreparedDataset, backend: str, rep) -> dict:
         "flags": dict(rep.flags) if http else {},
         "cost_usd_new": cost_new, "billed_usd_new": billed_new,
         "billed_unseen_usd_new": rep.billed_unseen_usd if http else 0.0,
+        "billed_to_dead_runs_usd": dead,
+        **(_dead_runs(p.dataset, rep) if dead else {}),
         "total_responses": p.state.rows + new,
         "total_completion_tokens": total_tokens,
         "total_cost_usd": p.state.cost_usd + cost_new,
-        "total_billed_usd": p.state.cost_usd + p.billed_before_usd + billed_new,
+        "total_billed_usd": p.state.cost_usd + p.billed_before_usd + billed_new + dead,
         "budget_policy": p.policy.kind, "budget_tokens": p.budget.limit, "budget_used": total_tokens,
         "budget_remaining": p.budget.limit - total_tokens,
         "budget_overshoot": max(0, total_tokens - p.budget.limit),
         "plan_before_run": {k: v for k, v in p.plan.summary().items() if not isinstance(v, dict)},
     }
+
+
+def _dead_runs(dataset: str, rep) -> dict:
+    """The runs that died on this dataset, reconciled at this run's start, and what the figure means."""
+    from eagle3_assets.generation.key_ledger import CAVEAT
+
+    runs = [{"run": d["run"], "how": d["how"], "share_usd": d["shares_usd"].get(dataset, 0.0), "gap_usd": d["gap_usd"],
+             "datasets": len(d["datasets"])} for d in rep.backend_info.get("dead_runs", []) if dataset in d["shares_usd"]]
+    return {"dead_runs": runs, "billed_to_dead_runs_note": CAVEAT}
 
 
 def missing_line(s: dict) -> str | None:

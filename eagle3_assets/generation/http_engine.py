@@ -14,6 +14,7 @@ names backends and callers import.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -30,6 +31,7 @@ from eagle3_assets.generation.http_report import (
     raise_for_stop,
 )
 from eagle3_assets.generation.http_run import EngineRun
+from eagle3_assets.generation.key_ledger import KeyLedger
 from eagle3_assets.generation.lanes import DatasetJob, Lane
 from eagle3_assets.generation.plan import DatasetState, RunPlan, plan_remaining
 from eagle3_assets.generation.response_store import ResponseStore
@@ -75,8 +77,9 @@ async def run_datasets(jobs: list[DatasetJob], backend, *, sampling: SamplingSet
         run.meter.t0 = run.meter._t = time.monotonic()
         for lane in lanes:
             lane.open()
+        run.key_ledger = _open_key_ledger(backend, lanes, report)
         try:
-            aux = [asyncio.create_task(run.syncer())]
+            aux = [asyncio.create_task(run.syncer()), asyncio.create_task(run.loop_lag.run())]
             if progress is not None:
                 aux.append(asyncio.create_task(run.ticker()))
             if stop_event is not None:
@@ -107,12 +110,18 @@ async def run_datasets(jobs: list[DatasetJob], backend, *, sampling: SamplingSet
             if run.write_error is not None:
                 raise RuntimeError(backend.redact(f"writing {backend.source} rows failed: {run.write_error}")) from None
             if settings.preflight and report.stopped_reason != "unauthorized":
+                info = {}
                 try:
                     info = await backend.postflight(shards.clients[0], shards.urls)
                     report.backend_info.update(info)
                     run.apportion_unseen(info.get("key_usage_delta"))
-                except Exception:  # noqa: BLE001 - reconciliation is best effort
+                except Exception:  # noqa: BLE001 - reconciliation is best effort; the next run does it
                     pass
+                if run.key_ledger is not None:
+                    run.key_ledger.close(info.get("key_usage_after"), {
+                        lane.dataset: {"run_seen_usd": math.fsum([*lane.costs, *lane.failed_costs]),
+                                       "run_unseen_usd": lane.report.billed_unseen_usd,
+                                       "attempts": lane.report.attempts} for lane in lanes})
         finally:
             for lane in lanes:
                 lane.close()  # fsync and close every file
@@ -134,6 +143,22 @@ async def run_datasets(jobs: list[DatasetJob], backend, *, sampling: SamplingSet
                 pass
 
 
+def _open_key_ledger(backend, lanes: list[Lane], report: HttpGenerationReport) -> KeyLedger | None:
+    """Record the key's usage before the run with each dataset's files, after reconciling the runs
+    that died on them (their share goes to ``billed_to_dead_runs_usd``)."""
+    usage = report.backend_info.get("key_usage_before")
+    key = getattr(backend, "key_id", None)
+    if usage is None or key is None:
+        return None
+    ledger = KeyLedger({lane.dataset: lane.job.store for lane in lanes}, backend.source, key)
+    for dead in ledger.open(float(usage)):
+        report.backend_info.setdefault("dead_runs", []).append(dead.summary())
+        for lane in lanes:
+            lane.report.billed_to_dead_runs_usd += dead.shares.get(lane.dataset, 0.0)
+    report.backend_info["run_id"] = ledger.run
+    return ledger
+
+
 def _finish(run: EngineRun, started: bool) -> None:
     """Per-dataset endings and the run's totals."""
     report = run.report
@@ -150,6 +175,7 @@ def _finish(run: EngineRun, started: bool) -> None:
     report.elapsed_s = time.monotonic() - run.meter.t0 if started else 0.0
     report.in_flight_peak = run.meter.peak
     report.in_flight_mean, report.full_gate_share = run.meter.figures() if started else (0.0, 0.0)
+    report.client = run.loop_lag.figures() if started else {}
     if stop is None:
         endings = {lane.report.stopped_reason for lane in run.lanes} - {None}
         report.stopped_reason = "budget" if "budget" in endings else ("max_new_samples" if endings else None)
@@ -160,6 +186,7 @@ def _finish(run: EngineRun, started: bool) -> None:
         r.elapsed_s, r.clients = report.elapsed_s, report.clients
         r.in_flight_peak, r.in_flight_mean, r.full_gate_share = (report.in_flight_peak, report.in_flight_mean,
                                                                   report.full_gate_share)
+        r.client = report.client
 
 
 async def run_generation(

@@ -5,6 +5,8 @@ Dollars come in three kinds, never mixed: ``cost_usd`` (the ``usage.cost`` of th
 carried a cost) and ``billed_unseen_usd`` (what the provider's key usage grew by beyond every
 cost the client saw, e.g. replies lost to a dropped connection after billing; shared among the
 datasets by their attempts that ended without a reply). ``billed_usd`` is their sum.
+``billed_to_dead_runs_usd`` is apart: what earlier runs that died were billed beyond what they
+saw (found at this run's start, :mod:`key_ledger`), this dataset's share.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class HttpGenerationReport(_Rates):
     cost_usd: float = 0.0  # sum of usage.cost of the new rows
     cost_usd_failed: float = 0.0  # billed on attempts that did not produce a row (seen by the client)
     billed_unseen_usd: float = 0.0  # key usage growth beyond every cost seen, apportioned
+    billed_to_dead_runs_usd: float = 0.0  # earlier runs that died: their unseen spend, this dataset's share
     attempts: int = 0  # HTTP requests sent
     lost_attempts: int = 0  # attempts that ended with no reply at all (timeouts, dropped connections)
     retries: Counter = field(default_factory=Counter)  # by reason
@@ -77,6 +80,7 @@ class HttpGenerationReport(_Rates):
     budget_used: int = 0
     budget_remaining: int = 0
     clients: int = 0
+    client: dict = field(default_factory=dict)  # the client process: how late its event loop ran (loop_lag)
     backend_info: dict = field(default_factory=dict)
     lanes: dict = field(default_factory=dict)  # dataset -> HttpGenerationReport (run reports only)
 
@@ -105,8 +109,8 @@ class HttpGenerationReport(_Rates):
     def add_counts(self, other: HttpGenerationReport) -> None:
         """Sum another report's counters into this one (a run total from its datasets)."""
         for name in ("planned", "already_done", "todo", "new", "errors", "completion_tokens", "prompt_tokens",
-                     "reasoning_tokens", "cost_usd", "cost_usd_failed", "billed_unseen_usd", "attempts",
-                     "lost_attempts", "left_by_budget", "left_unstarted", "abandoned", "budget_limit", "budget_used",
+                     "reasoning_tokens", "cost_usd", "cost_usd_failed", "billed_unseen_usd", "billed_to_dead_runs_usd",
+                     "attempts", "lost_attempts", "left_by_budget", "left_unstarted", "abandoned", "budget_limit", "budget_used",
                      "budget_remaining"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("retries", "errors_by_reason", "finish_reasons", "flags"):
@@ -120,7 +124,8 @@ class HttpGenerationReport(_Rates):
             "completion_tokens": self.completion_tokens, "prompt_tokens": self.prompt_tokens,
             "reasoning_tokens": self.reasoning_tokens, "cost_usd": self.cost_usd,
             "cost_usd_failed": self.cost_usd_failed, "billed_unseen_usd": self.billed_unseen_usd,
-            "billed_usd": self.billed_usd, "attempts": self.attempts, "lost_attempts": self.lost_attempts,
+            "billed_usd": self.billed_usd, "billed_to_dead_runs_usd": self.billed_to_dead_runs_usd,
+            "attempts": self.attempts, "lost_attempts": self.lost_attempts,
             "retries": dict(self.retries), "errors_by_reason": dict(self.errors_by_reason),
             "finish_reasons": dict(self.finish_reasons), "flags": dict(self.flags),
             "left_by_budget": self.left_by_budget, "left_unstarted": self.left_unstarted, "abandoned": self.abandoned,
@@ -129,7 +134,7 @@ class HttpGenerationReport(_Rates):
             "tokens_per_s": round(self.tokens_per_s, 1), "concurrency": self.concurrency,
             "in_flight_peak": self.in_flight_peak, "in_flight_mean": round(self.in_flight_mean, 1),
             "achieved_concurrency": round(self.achieved_concurrency, 4),
-            "full_gate_share": round(self.full_gate_share, 4), "clients": self.clients,
+            "full_gate_share": round(self.full_gate_share, 4), "clients": self.clients, **self.client,
             "budget_policy": self.budget_policy, "budget_limit": self.budget_limit, "budget_used": self.budget_used,
             "budget_remaining": self.budget_remaining, "budget_overshoot": self.budget_overshoot,
             "backend_info": self.backend_info,

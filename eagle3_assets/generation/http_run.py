@@ -8,7 +8,8 @@
 * Retries back off exponentially with jitter and honour ``Retry-After``; 429 and in-flight 402 set a
   cooldown shared by every worker; 401 and credit or key-limit 402 stop the run cleanly.
 * A kept reply is written to its dataset's file at once (see :mod:`lanes`); a background task
-  fsyncs every ``fsync_interval_s``.
+  fsyncs every ``fsync_interval_s``. How late the event loop runs (:mod:`loop_lag`) bounds how long
+  a delivered reply waits unread.
 * ``stop_event`` (``threading.Event`` or ``asyncio.Event``) stops admissions, lets in-flight
   requests end within ``drain_timeout_s``, then cancels the rest; cancelling the coroutine itself
   does the same. What is on disk is complete lines, so the next run resumes.
@@ -33,6 +34,7 @@ from eagle3_assets.generation.classify import Outcome, classify_exception
 from eagle3_assets.generation.http_config import EngineSettings
 from eagle3_assets.generation.http_report import HttpGenerationReport, Progress
 from eagle3_assets.generation.lanes import Lane
+from eagle3_assets.generation.loop_lag import LoopLag
 from eagle3_assets.generation.response_store import now_iso
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
 
@@ -127,8 +129,10 @@ class EngineRun:
         self.rng = random.Random(self.retry.seed)
         self.cooldown_until = 0.0
         self.meter = GateMeter(workers)
+        self.loop_lag = LoopLag()
         self.transport_failures_in_row = 0
         self.write_error: BaseException | None = None
+        self.key_ledger = None  # KeyLedger when the backend reports the key's usage
         self.bar = None
         self._bar_t = 0.0
         self._next_lane = 0
@@ -252,6 +256,8 @@ class EngineRun:
                 exc = e
             finally:
                 self.meter.add(-1)
+            if exc is None:
+                lane.answered += 1
             latency = time.monotonic() - t_start
             if exc is not None:
                 outcome, parsed = classify_exception(exc), None
@@ -326,7 +332,8 @@ class EngineRun:
 
     # -- background tasks ---------------------------------------------------------------------------
     async def syncer(self) -> None:
-        """fsync every dataset's files that changed, every ``fsync_interval_s``."""
+        """fsync every dataset's files that changed, every ``fsync_interval_s``; record the attempts
+        and replies so far where a later run finds them if this one dies."""
         while True:
             await asyncio.sleep(self.settings.fsync_interval_s)
             for lane in self.lanes:
@@ -336,6 +343,12 @@ class EngineRun:
                     except OSError as e:
                         self.write_error = e
                         self.stop("write_failed", f"{type(e).__name__}: {e}")
+            if self.key_ledger is not None:
+                try:
+                    self.key_ledger.checkpoint({lane.dataset: (lane.report.attempts, lane.answered)
+                                                for lane in self.lanes})
+                except OSError as e:
+                    log.warning("%s: the run state could not be recorded: %s", self.backend.source, e)
 
     async def ticker(self) -> None:
         while True:

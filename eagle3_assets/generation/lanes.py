@@ -51,6 +51,7 @@ class Lane:
         self.source = source
         self.costs: list[float] = []
         self.failed_costs: list[float] = []
+        self.answered = 0  # attempts that got a reply (any status): attempts - answered never got one
         self.exhausted = False  # the budget admits nothing more
         self._files = ExitStack()
         self.rows = self.errors = self.billing = None

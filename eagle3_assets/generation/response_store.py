@@ -6,8 +6,10 @@ is detected and cut off before the next append. ``fsync`` runs per batch (``writ
 the caller's schedule (``sync``), which bounds what a machine crash can lose. Resume asks which
 sample ids are already present in *any* source; nothing here counts lines.
 
-Beside the sources live ``errors.jsonl`` (samples that failed, with their reason) and
-``billing.jsonl`` (dollars billed for attempts that left no row: failed or lost replies).
+Beside the sources live ``errors.jsonl`` (samples that failed, with their reason),
+``billing.jsonl`` (dollars billed for attempts that left no row: failed or lost replies, and the
+share of runs that died) and ``key_usage.jsonl`` (the key's usage around every run, see
+:mod:`~eagle3_assets.generation.key_ledger`).
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ RESPONSE_FIELDS = (
 
 
 # Files in a dataset's response directory that hold no response rows.
-NOT_SOURCES = ("errors.jsonl", "billing.jsonl")
+NOT_SOURCES = ("errors.jsonl", "billing.jsonl", "key_usage.jsonl")
 
 
 class CorruptResponseFile(ValueError):
     """A complete line in a response file that is not a valid row."""
 
 
-def _complete_length(path: Path) -> int:
+def complete_length(path: Path) -> int:
     """Byte length of the file up to and including its last newline."""
     size = path.stat().st_size
     if size == 0:
@@ -78,14 +80,14 @@ class ResponseStore:
 
     def torn_bytes(self, source: str) -> int:
         p = self.path(source)
-        return p.stat().st_size - _complete_length(p) if p.exists() else 0
+        return p.stat().st_size - complete_length(p) if p.exists() else 0
 
     def drop_torn_tail(self, source: str) -> int:
         """Cut an incomplete last line left by a crash; returns the bytes removed."""
         p = self.path(source)
         if not p.exists():
             return 0
-        keep = _complete_length(p)
+        keep = complete_length(p)
         torn = p.stat().st_size - keep
         if torn:
             with p.open("r+b") as fh:
@@ -100,7 +102,7 @@ class ResponseStore:
         for p in files:
             if not p.exists():
                 continue
-            keep = _complete_length(p)
+            keep = complete_length(p)
             with p.open("rb") as fh:
                 data = fh.read(keep)
             for line_no, raw in enumerate(data.splitlines(), start=1):
@@ -157,7 +159,7 @@ def iter_jsonl(path: Path) -> Iterator[dict]:
     if not path.exists():
         return
     with path.open("rb") as fh:
-        data = fh.read(_complete_length(path))
+        data = fh.read(complete_length(path))
     for line_no, raw in enumerate(data.splitlines(), start=1):
         if not raw.strip():
             continue
@@ -207,7 +209,7 @@ class JsonlAppender(_AppendOnlyFile):
     def _open(self) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists():  # a torn last line from a crash: cut it before appending
-            keep = _complete_length(self.path)
+            keep = complete_length(self.path)
             if keep != self.path.stat().st_size:
                 os.truncate(self.path, keep)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

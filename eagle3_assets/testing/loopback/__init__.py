@@ -8,7 +8,10 @@ Real HTTP on 127.0.0.1 (asyncio, a minimal HTTP/1.1 keep-alive server), speaking
   ``--prefix-bug P`` reproduces SGLang's known bug (``output_ids`` prefixed by prompt tokens).
 * **OpenRouter** - ``POST /api/v1/chat/completions`` (non-streaming) with ``usage {prompt_tokens,
   completion_tokens, completion_tokens_details.reasoning_tokens, cost}``, ``provider`` and
-  ``model``; ``GET /api/v1/key`` (``usage`` = dollars billed so far) and ``/api/v1/models``.
+  ``model``; ``GET /api/v1/key`` (``usage`` = dollars billed so far, from ``--key-usage`` on) and
+  ``/api/v1/models``. A generation whose client hangs up is finished and billed, as providers bill
+  non-streaming requests in flight; the server's own per-request ledger
+  (:mod:`~eagle3_assets.testing.loopback.ledger`) tells delivered replies from billed, undelivered ones.
 
 Both answer with the real embedded model (SmolLM2-135M, batched opportunistically) unless
 ``--synthetic`` is given: then the replies are deterministic fake token ids, **for load tests
@@ -26,6 +29,7 @@ Usage::
     #   SGLangBackend(["http://127.0.0.1:30000"], render_prompt=model.render_prompt)
     #   OpenRouterBackend(api_key="sk-test", model="any/slug", base_url="http://127.0.0.1:8080/api/v1")
     curl -s localhost:30000/_loopback/stats   # requests, faults, generations, billed dollars
+    curl -s 'localhost:8080/_loopback/stats?gate=2000'   # plus the ledger and the full-gate share
 
 The server prints ``listening on http://127.0.0.1:PORT`` once it accepts connections (``--port 0``
 picks a free port). In tests, :func:`serve_in_thread` runs an app inside the test process.

@@ -1,8 +1,10 @@
 """The two loopback protocols: SGLang's native ``/generate`` and OpenRouter's chat completions.
 
 Both keep statistics a test can read (``GET /_loopback/stats`` or ``app.stats()``): requests and
-faults, what was generated per sample, server-side concurrency, and for OpenRouter the dollars
-billed (the exact float sum of every ``usage.cost`` sent, so a client can reconcile to the cent).
+faults, what was generated per sample, server-side concurrency (``?gate=N`` adds the share of time
+with 95% of N or more generation requests in progress), and for OpenRouter the dollars billed (the
+exact float sum of every ``usage.cost`` sent, so a client can reconcile to the cent) and the
+per-request ledger (:mod:`.ledger`: billed, delivered, billed but undelivered).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections import Counter
 
 from .faults import FaultPlan
 from .http import HTTPServer, Reply, Request
+from .ledger import Ledger
 from .observe import Observer
 
 STATUS_OF = {"429": 429, "408": 408, "500": 500, "502": 502, "503": 503, "524": 524, "529": 529,
@@ -65,6 +68,7 @@ def error_reply(fault: str, retry_after_s: float) -> Reply:
 
 class LoopbackApp:
     name = "loopback"
+    generation_paths: tuple[str, ...] = ()  # what the in-flight meter counts
 
     def __init__(self, generator, *, faults: FaultPlan | None = None, latency_s: float = 0.0,
                  latency_jitter_s: float = 0.0, latency_exponential: bool = False, latency_per_token_s: float = 0.0,
@@ -90,7 +94,7 @@ class LoopbackApp:
         self.started = time.time()
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> HTTPServer:
-        self.server = await HTTPServer(self.handle, host, port).start()
+        self.server = await HTTPServer(self.handle, host, port, counted=self.generation_paths.__contains__).start()
         return self.server
 
     async def aclose(self) -> None:
@@ -110,7 +114,8 @@ class LoopbackApp:
 
     async def route(self, req: Request) -> Reply:
         if req.path == "/_loopback/stats":
-            return Reply.json(self.stats())
+            gate = dict(kv.partition("=")[::2] for kv in req.query.split("&") if kv).get("gate")
+            return Reply.json(self.stats(gate=int(gate) if gate else None))
         if req.path == "/_loopback/reset":
             self.reset()
             return Reply.json({"ok": True})
@@ -146,9 +151,15 @@ class LoopbackApp:
         if self.server is not None:
             self.server.meter.reset()
 
-    def stats(self) -> dict:
+    def full_share(self, gate: int, level: float = 0.95) -> float:
+        """Share of the time from the first generation request to the last reply written with at
+        least ``level`` x ``gate`` of them in progress, as this server saw it (drain included)."""
+        return self.server.meter.share_at_least(level * gate) if self.server else 0.0
+
+    def stats(self, gate: int | None = None) -> dict:
         meter = self.server.meter if self.server else None
-        return {
+        extra = {} if gate is None else {"gate": gate, "full_gate_share": self.full_share(gate)}
+        return {**extra,
             "app": self.name,
             "synthetic": bool(getattr(self.gen, "synthetic", False)),
             "requests": self.requests,
@@ -177,6 +188,7 @@ class SGLangApp(LoopbackApp):
     """
 
     name = "sglang"
+    generation_paths = ("/generate",)
 
     def __init__(self, generator, *, prefix_bug: float = 0.0, healthy: bool = True, **kw):
         super().__init__(generator, **kw)
@@ -269,8 +281,8 @@ class SGLangApp(LoopbackApp):
         return decode(ids, skip_special_tokens=bool(sp.get("skip_special_tokens", True)),
                       spaces_between_special_tokens=bool(sp.get("spaces_between_special_tokens", True)))
 
-    def stats(self) -> dict:
-        s = super().stats()
+    def stats(self, gate: int | None = None) -> dict:
+        s = super().stats(gate)
         s["prefix_bug_injected"] = self.prefix_bug_injected
         return s
 
@@ -285,17 +297,31 @@ class OpenRouterApp(LoopbackApp):
     """
 
     name = "openrouter"
+    generation_paths = ("/api/v1/chat/completions",)
 
     def __init__(self, generator, *, api_key: str | None = None, provider_name: str = "Loopback",
                  prompt_price: float = 0.6e-6, completion_price: float = 2.5e-6,
-                 credits_usd: float | None = None, **kw):
+                 credits_usd: float | None = None, key_usage_start_usd: float = 0.0, **kw):
+        """``key_usage_start_usd``: what the key had spent before (``/key`` usage starts there)."""
         super().__init__(generator, **kw)
+        self.ledger = Ledger()
+        self.key_usage_start_usd = key_usage_start_usd
         self.api_key = api_key
         self.provider_name = provider_name
         self.prompt_price, self.completion_price = prompt_price, completion_price
         self.credits_usd = credits_usd
         self.served_model = "loopback/" + generator.name
         self._gen_n = 0
+
+    def reset(self) -> None:
+        super().reset()
+        self.ledger.reset()
+
+    def stats(self, gate: int | None = None) -> dict:
+        s = super().stats(gate)
+        s["ledger"] = self.ledger.totals()
+        s["ledger_entries"] = self.ledger.rows()
+        return s
 
     def _auth(self, req: Request) -> Reply | None:
         if self.api_key is None:
@@ -316,7 +342,7 @@ class OpenRouterApp(LoopbackApp):
         if req.path == "/api/v1/chat/completions" and req.method == "POST":
             return await self.complete(req)
         if req.path in ("/api/v1/key", "/api/v1/auth/key"):
-            usage = math.fsum(self.billed)
+            usage = self.key_usage_start_usd + math.fsum(self.billed)
             return Reply.json({"data": {
                 "label": "sk-or-v1-loo...back", "limit": self.credits_usd, "usage": usage,
                 "limit_remaining": None if self.credits_usd is None else self.credits_usd - usage,
@@ -344,10 +370,13 @@ class OpenRouterApp(LoopbackApp):
         if not isinstance(messages, list) or not messages:
             return Reply.json({"error": {"code": 400, "message": "messages must be a non-empty array"}}, 400)
         group = self.observer.enter(body)
+        entry = self.ledger.open(messages_key(messages))
         try:
-            return await self._complete(body, messages)
+            reply = await self._complete(body, messages)
         finally:
             self.observer.leave(group)
+        self.ledger.follow(entry, reply)
+        return reply
 
     async def _complete(self, body: dict, messages: list) -> Reply:
         if self.credits_usd is not None and math.fsum(self.billed) >= self.credits_usd:
@@ -391,6 +420,7 @@ class OpenRouterApp(LoopbackApp):
         content = self.gen.decode(out.output_ids[r:])
         cost = len(prompt_ids) * self.prompt_price + n * self.completion_price
         self.billed.append(cost)
+        self.ledger.bill(cost, gen_id)
         self.completion_tokens_billed += n
         key = messages_key(messages)
         self.generated[key] += 1

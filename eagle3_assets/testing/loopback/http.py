@@ -3,6 +3,10 @@
 Only what the loopback servers use: request line, headers, a ``Content-Length`` body, keep-alive,
 and replies that are plain, chunked with leading whitespace heartbeats (sent after the 200 status
 line, as OpenRouter does), delayed, or dropped (the connection closed with no reply).
+
+A handler runs to its end even when the client hangs up meanwhile (a provider finishes, and bills,
+a non-streaming generation whose client went away); its reply then reports ``on_lost`` instead of
+``on_sent``, which is how the servers' ledgers tell delivered replies from billed, undelivered ones.
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ class Reply:
     heartbeat_interval_s: float = 0.05
     drop: bool = False  # close the connection without replying
     on_sent: Callable[[], None] | None = None  # called once the whole reply is in the socket
+    on_lost: Callable[[str], None] | None = None  # called instead when it never got there, with why
+
+    def lost(self, why: str) -> None:
+        if self.on_lost is not None:
+            self.on_lost(why)
 
     @classmethod
     def json(cls, obj, status: int = 200, headers: dict | None = None, **kw) -> Reply:
@@ -54,7 +63,8 @@ Handler = Callable[[Request], Awaitable[Reply]]
 
 
 class ConcurrencyMeter:
-    """Requests being handled right now, with the time-weighted mean and the peak."""
+    """Requests being handled right now, with the time-weighted mean, the peak, and the record of
+    every change (``history``: monotonic time, count after it) for shares of time above a level."""
 
     def __init__(self):
         self.active = 0
@@ -62,6 +72,7 @@ class ConcurrencyMeter:
         self._area = 0.0
         self._last = None
         self._first = None
+        self.history: list[tuple[float, int]] = []
 
     def _tick(self):
         now = time.monotonic()
@@ -75,16 +86,36 @@ class ConcurrencyMeter:
         self._tick()
         self.active += 1
         self.peak = max(self.peak, self.active)
+        self.history.append((self._last, self.active))
 
     def leave(self):
         self._tick()
         self.active -= 1
+        self.history.append((self._last, self.active))
 
     def reset(self):
         """Start a new measurement; requests still being handled keep counting."""
         self.peak = self.active
         self._area = 0.0
         self._first = self._last = time.monotonic() if self.active else None
+        self.history = [(self._first, self.active)] if self.active else []
+
+    def share_at_least(self, level: float, start: float | None = None, end: float | None = None) -> float:
+        """Share of [start, end] (default: the first change to the last) with ``level`` or more in
+        progress."""
+        h = self.history
+        if not h:
+            return 0.0
+        start = h[0][0] if start is None else start
+        end = h[-1][0] if end is None else end
+        if end <= start:
+            return 0.0
+        above = 0.0
+        for i, (t, n) in enumerate(h):  # a step function: n from t until the next change
+            lo, hi = max(t, start), min(h[i + 1][0] if i + 1 < len(h) else end, end)
+            if n >= level and hi > lo:
+                above += hi - lo
+        return above / (end - start)
 
     @property
     def area(self) -> float:
@@ -100,10 +131,14 @@ class ConcurrencyMeter:
 
 
 class HTTPServer:
-    """Serves one handler on 127.0.0.1; ``meter`` counts requests in progress."""
+    """Serves one handler on 127.0.0.1; ``meter`` counts requests in progress, from the request's
+    last byte read to the reply's last byte written (those whose path ``counted`` accepts: the
+    generation requests, not statistics or key look-ups)."""
 
-    def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0,
+                 counted: Callable[[str], bool] | None = None):
         self.handler, self.host, self.port = handler, host, port
+        self.counted = counted or (lambda path: True)
         self.meter = ConcurrencyMeter()
         self.connections = 0
         self._server: asyncio.AbstractServer | None = None
@@ -146,17 +181,28 @@ class HTTPServer:
                 if n:
                     body = await reader.readexactly(n)
                 path, _, query = target.partition("?")
-                self.meter.enter()
+                counted = self.counted(path)
+                if counted:
+                    self.meter.enter()
                 try:
                     reply = await self.handler(Request(method, path, query, headers, body))
                     if reply.drop:
+                        reply.lost("dropped")
                         writer.transport.abort()
                         return
-                    await self._write(writer, reply)
+                    if reader.at_eof() or reader.exception() is not None:  # the client hung up meanwhile
+                        reply.lost("client_gone")
+                        return
+                    try:
+                        await self._write(writer, reply)
+                    except (ConnectionError, asyncio.IncompleteReadError):
+                        reply.lost("write_failed")
+                        raise
                     if reply.on_sent is not None:
                         reply.on_sent()
                 finally:
-                    self.meter.leave()
+                    if counted:
+                        self.meter.leave()
                 if headers.get("connection", "").lower() == "close" or version == "HTTP/1.0":
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
