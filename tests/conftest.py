@@ -21,8 +21,54 @@ def pytest_report_header(config):
     from eagle3_assets.target.vllm_server import default_python, vllm_available
 
     if vllm_available():
-        return f"vllm: {default_python()}: tests marked vllm start real vLLM servers"
-    return "vllm: no environment (run `make vllm`): tests marked vllm are SKIPPED"
+        lines = [f"vllm: {default_python()}: tests marked vllm start real vLLM servers"]
+    else:
+        lines = ["vllm: no environment (run `make vllm`): tests marked vllm are SKIPPED"]
+    return [*lines, slurm_report_line()]
+
+
+# ---- SLURM (tests marked slurm): a real one-node cluster for the session --------------------------
+# Skipped where Debian's slurm-wlm/munge are missing or cannot start (not root); under CI=true that
+# is a failure instead, so a CI box that lost its scheduler cannot pass by skipping.
+
+
+def slurm_report_line() -> str:
+    from eagle3_assets.testing.slurm_cluster import missing_binaries
+
+    missing = missing_binaries()
+    if missing:
+        return f"slurm: not installed ({', '.join(missing)}; apt-get install slurm-wlm munge): tests marked slurm are SKIPPED"
+    return "slurm: installed: tests marked slurm start a private one-node cluster (munged, slurmctld, slurmd)"
+
+
+def _skip_or_fail(reason: str):
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """munged, slurmctld and slurmd under a private folder; SLURM_CONF points every command at them."""
+    from eagle3_assets.testing.slurm_cluster import SlurmClusterError, missing_binaries, start, stop
+
+    missing = missing_binaries()
+    if missing:
+        _skip_or_fail(f"SLURM is not installed ({', '.join(missing)}): apt-get install slurm-wlm munge")
+    try:
+        cluster = start(tmp_path_factory.mktemp("slurm"))
+    except SlurmClusterError as exc:
+        _skip_or_fail(f"SLURM cannot start here: {exc}")
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        stop(cluster)
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
 
 
 @pytest.fixture(scope="session")
