@@ -291,7 +291,7 @@ def test_terminating_the_run_from_dagster_cancels_a_pending_then_running_job(roo
     node (pending, reason Resources), then runs; *Terminate* over GraphQL cancels it."""
     from eagle3_assets.testing.dagster_dev import dagster_dev
 
-    layout, _ = root
+    layout, other_instance = root
     blocker = slurm_cluster.run("sbatch", "--parsable", f"--ntasks={slurm_cluster.cpus}", "-J", "blocker",
                                 "-o", "/dev/null", "--wrap", "sleep 600").stdout.strip()
     run_config = {"ops": {"drafter_checkpoint": {"config": TRAIN_ON_SLURM}}, "resources": FAST}
@@ -301,6 +301,9 @@ def test_terminating_the_run_from_dagster_cancels_a_pending_then_running_job(roo
         pending = _wait_for_log(instance, run_id, "is pending (")
         assert "(Resources)" in pending or "(Priority)" in pending, pending
         job_id = pending.split()[2]
+        # a second launch for the same recipe is refused while the job lives
+        refused = _materialize(other_instance, "drafter_checkpoint", RECIPE, TRAIN_ON_SLURM)
+        assert not refused.success and f"SLURM job {job_id} (PENDING" in _failures(refused)[0]
         scheduler.scancel(blocker)
         _wait_for_log(instance, run_id, f"SLURM job {job_id} is running on {slurm_cluster.node}")
         server.terminate_run(run_id)
