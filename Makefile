@@ -35,6 +35,9 @@ demo: setup
 test: setup lint
 	@if [ -x $(VLLM_LINK)/bin/python ]; then echo "vLLM environment found ($(VLLM_LINK)): tests marked vllm run against real servers"; \
 	else echo "no vLLM environment (run 'make vllm'): tests marked vllm are SKIPPED (they fail under CI=true)"; fi
+	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null; then \
+		echo "SLURM found: tests marked slurm start a private one-node cluster (munged, slurmctld, slurmd)"; \
+	else echo "no SLURM (apt-get install slurm-wlm munge): tests marked slurm are SKIPPED (they fail under CI=true)"; fi
 	$(BIN)/python -m pytest
 
 lint: setup

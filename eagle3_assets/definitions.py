@@ -15,7 +15,15 @@ from eagle3_assets.prompts.assets import prompts
 from eagle3_assets.runs import executor as frees_dead_slots_executor
 from eagle3_assets.tokens.assets import token_ids
 from eagle3_assets.tokens.checks import TOKEN_CHECKS
-from resources import DatasetSettings, OpenRouterResource, SGLangResource, StorageResource, TargetResource, VLLMResource
+from resources import (
+    DatasetSettings,
+    OpenRouterResource,
+    SGLangResource,
+    SlurmResource,
+    StorageResource,
+    TargetResource,
+    VLLMResource,
+)
 from sensors import prompt_files_sensor, run_failure_alerts
 
 # Downstream CPU stages follow their inputs by themselves once the daemon runs: eager, but only
@@ -49,6 +57,7 @@ def default_resources() -> dict:
         "dataset_settings": DatasetSettings(),
         "sglang": SGLangResource(),
         "vllm": VLLMResource(),
+        "slurm": SlurmResource(),  # used only by GPU stages launched with `launcher: slurm`
         # EnvVar keeps the key out of the UI and run config; bound only when set, so runs that
         # never call OpenRouter do not fail for want of a key.
         "openrouter": OpenRouterResource(

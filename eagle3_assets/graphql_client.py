@@ -109,12 +109,15 @@ class DagsterWebserver:
         """One run over the partitions ``first`` .. ``last``: what the UI's *Pass partition ranges to
         single run* launches. It goes straight to the run queue, with no backfill daemon tick (up to
         30 s) in between; every asset selected must have a single-run backfill policy."""
-        all_tags = {RANGE_START: first, RANGE_END: last, **(tags or {})}
+        return self.launch_run(assets, run_config, {RANGE_START: first, RANGE_END: last, **(tags or {})})
+
+    def launch_run(self, assets: list[str], run_config: dict | None = None, tags: dict[str, str] | None = None) -> str:
+        """One run of ``assets`` (``tags`` choose the partition: ``dagster/partition``); its run id."""
         params = {
             "selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "jobName": ASSET_JOB,
                          "assetSelection": [{"path": a.split("/")} for a in assets]},
             "runConfigData": run_config or {},
-            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in all_tags.items()]},
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
         }
         data = self.query(
             """mutation($params: ExecutionParams!) {
@@ -128,6 +131,17 @@ class DagsterWebserver:
             detail = data.get("message") or "; ".join(e["message"] for e in data.get("errors", []))
             raise WebserverError(f"run not launched: {data['__typename']}: {detail}")
         return data["run"]["runId"]
+
+    def terminate_run(self, run_id: str) -> None:
+        """What the UI's *Terminate* button does: the run's steps are interrupted where they run."""
+        data = self.query(
+            """mutation($id: String!) { terminateRun(runId: $id) {
+                 __typename ... on TerminateRunFailure { message } ... on PythonError { message }
+                 ... on Error { message } } }""",
+            {"id": run_id},
+        )["terminateRun"]
+        if data["__typename"] != "TerminateRunSuccess":
+            raise WebserverError(f"run {run_id} not terminated: {data['__typename']}: {data.get('message', '')}")
 
     def run_status(self, run_id: str) -> str:
         data = self.query(

@@ -45,6 +45,18 @@ def _browser_missing() -> str:
     return "playwright is not installed (pip install -e '.[test]')"
 
 
+def _slurm() -> str | None:
+    from eagle3_assets.testing.slurm_cluster import missing_binaries
+
+    return None if missing_binaries() else shutil.which("slurmctld")
+
+
+def _slurm_missing() -> str:
+    from eagle3_assets.testing.slurm_cluster import missing_binaries
+
+    return f"SLURM is not installed ({', '.join(missing_binaries())}): apt-get install slurm-wlm munge"
+
+
 @dataclass(frozen=True)
 class Need:
     find: Callable[[], str | None]  # where the thing is, or None
@@ -56,11 +68,11 @@ class Need:
 
 # What tests marked with each key need. A plain `make test` skips them when it is missing and says
 # so; under CI=true a missing one fails each such test with the reason, so CI cannot pass by skipping.
-# Another kind joins with one line here (and its marker in pyproject.toml), e.g.
-#     "slurm": Need(lambda: shutil.which("sbatch"), "no SLURM (apt-get install -y slurm-wlm)"),
+# Another kind joins with one line here (and its marker in pyproject.toml).
 NEEDS = {
     "vllm": Need(_vllm, "no vLLM environment (.venv-vllm): run `make vllm`"),
     "browser": Need(_browser, _browser_missing),
+    "slurm": Need(_slurm, _slurm_missing),
 }
 
 
@@ -98,6 +110,37 @@ def pytest_runtest_setup(item):
             if in_ci():
                 pytest.fail(f"CI=true and this test needs {name}: {need.why()}", pytrace=False)
             pytest.skip(f"{need.why()} (tests marked {name})")
+
+
+def _skip_or_fail(reason: str):
+    if in_ci():
+        pytest.fail(f"CI=true: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+# A real one-node SLURM for the session (tests marked slurm); it may be installed and still not
+# start (not root): skipped then, or under CI=true failed.
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """munged, slurmctld and slurmd under a private folder; SLURM_CONF points every command at them."""
+    from eagle3_assets.testing.slurm_cluster import SlurmClusterError, missing_binaries, start, stop
+
+    if missing_binaries():
+        _skip_or_fail(_slurm_missing())
+    try:
+        cluster = start(tmp_path_factory.mktemp("slurm"))
+    except SlurmClusterError as exc:
+        _skip_or_fail(f"SLURM cannot start here: {exc}")
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        stop(cluster)
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
 
 
 @pytest.fixture(scope="session")

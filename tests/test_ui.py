@@ -18,6 +18,7 @@ pytestmark = pytest.mark.ui
 
 DATASETS = ["ui_alpha", "ui_beta"]
 ASSETS = ["prompts", "raw_responses", "token_ids", "inventory", "merged_corpus"]
+GROUPS = ["prompts", "generation", "tokens", "corpus", "hidden_states", "drafter"]  # one per stage package
 RUN_CONFIG = {"ops": {"raw_responses": {"config": {"max_new_tokens": 8, "batch_size": 4}}}}
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -129,6 +130,14 @@ def test_single_run_launch_serves_a_range_of_datasets_in_one_run(ui, backfill, c
     assert "--single-run launches raw_responses only" in capsys.readouterr().err
 
 
+def _leftmost(page, text: str) -> float:
+    """The left edge of the leftmost element showing exactly ``text`` (a group's header, or an asset
+    of the same name inside it: the same column either way)."""
+    found = page.get_by_text(text, exact=True)
+    boxes = [found.nth(i).bounding_box() for i in range(found.count())]
+    return min(b["x"] for b in boxes if b)
+
+
 def _dismiss_onboarding(page) -> None:
     """The first visit asks for a newsletter sign-up; a person clicks Skip."""
     skip = page.get_by_role("button", name="Skip")
@@ -157,11 +166,14 @@ def test_asset_graph_and_check_pages_in_a_browser(ui, backfill, tmp_path):
         page = browser.new_page()
         page.set_default_timeout(60_000)
         try:
-            page.goto(f"{server.url}/locations/eagle3_assets/asset-groups/data/lineage")
+            page.goto(f"{server.url}/asset-groups")  # the global lineage: every group, as a person first sees it
             _dismiss_onboarding(page)
-            for name in ASSETS:
+            for name in [*ASSETS, *GROUPS]:
                 expect(page.get_by_text(name, exact=True).first).to_be_visible()
             page.screenshot(path=str(ARTIFACTS / "asset-graph.png"))
+            # one group per stage, laid out left to right in pipeline order
+            lefts = [_leftmost(page, group) for group in GROUPS]
+            assert lefts == sorted(lefts) and len(set(lefts)) == len(GROUPS), dict(zip(GROUPS, lefts))
 
             page.goto(f"{server.url}/assets/merged_corpus?view=checks")
             _dismiss_onboarding(page)

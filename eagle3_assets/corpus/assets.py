@@ -22,7 +22,7 @@ SHOWN = ["source", "responses", "completion_tokens", "mean_len", "p50_len", "p95
 @dg.asset(
     partitions_def=datasets_partitions,
     deps=[token_ids, raw_responses],
-    group_name="data",
+    group_name="corpus",
     kinds={"duckdb"},
     pool="duckdb",
     description="Responses, completion tokens, lengths, finish reasons, budget, dollars kept and billed, and "
@@ -69,7 +69,7 @@ def inventory(context: dg.AssetExecutionContext, storage: StorageResource,
 @dg.asset(
     partitions_def=datasets_partitions,
     deps=[token_ids, inventory],
-    group_name="data",
+    group_name="corpus",
     kinds={"parquet"},
     description="Training sequences of one dataset, native ids preferred, failed and empty rows dropped.",
 )

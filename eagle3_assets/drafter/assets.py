@@ -16,7 +16,7 @@ from eagle3_assets.drafter.evaluate import eval_prompts, evaluate_drafter, train
 from eagle3_assets.drafter.recipes import list_recipes, load_recipe
 from eagle3_assets.hidden_states.assets import hidden_states
 from eagle3_assets.metadata import md_table
-from resources import StorageResource, TargetResource
+from resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource
 
 recipe_partitions = dg.StaticPartitionsDefinition(list_recipes() or ["demo"])
 
@@ -28,18 +28,42 @@ class DrafterTrainingConfig(dg.Config):
     dtype: str = "auto"  # compute dtype: auto is bf16 autocast on GPU, fp32 on CPU
     loader_workers: int = -1  # DataLoader workers per rank reading shards (-1: 2 on GPU, 0 on CPU)
     resume: bool = True
+    launcher: str = "local"  # "local" (this machine) or "slurm" (one job: torchrun under srun on every task)
+    slurm: SlurmJobConfig = SlurmJobConfig()  # launcher slurm: this launch's job shape over the resource's
+
+
+def launch_training(context, config: DrafterTrainingConfig, slurm: SlurmResource, layout, recipe: str, job_path,
+                    samples: float) -> dg.PipesClientCompletedInvocation:
+    """The trainer through Pipes: here (one process, or torchrun with ``nproc_per_node``), or one
+    SLURM job running torchrun under srun on every task, ``nproc_per_node`` workers each."""
+    module = ["-m", "eagle3_assets.drafter.training", "--config", str(job_path)]
+    if config.launcher == "slurm":
+        from eagle3_assets.slurm.script import Launch, forwarded_env
+
+        launch = Launch(f"eagle3-drafter_checkpoint-{recipe}", module[1], module[2:], procs=config.nproc_per_node,
+                        exports=forwarded_env())
+        context.log.info(f"training {recipe}: {samples:.0f} samples per epoch, on SLURM")
+        return slurm.client(layout, config.slurm).run(context=context, launch=launch)
+    if config.launcher != "local":
+        raise ValueError(f"unknown launcher {config.launcher!r} (expected 'local' or 'slurm')")
+    trainer = [sys.executable, *module]
+    if config.nproc_per_node > 1:
+        trainer = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={config.nproc_per_node}", *module]
+    context.log.info(f"training {recipe}: {samples:.0f} samples per epoch: {' '.join(trainer)}")
+    return dg.PipesSubprocessClient().run(context=context, command=trainer, env=dict(os.environ))
 
 
 @dg.asset(
     partitions_def=recipe_partitions,
     deps=[dg.AssetDep(hidden_states, partition_mapping=dg.AllPartitionMapping())],
-    group_name="gpu",
+    group_name="drafter",
     kinds={"pytorch", "safetensors"},
     pool="gpu",
     description="EAGLE-3 drafter trained on the recipe's hidden-state shards, exported for SGLang and vLLM.",
 )
 def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainingConfig, storage: StorageResource,
-                       target: TargetResource) -> dg.MaterializeResult:
+                       target: TargetResource, slurm: SlurmResource) -> dg.MaterializeResult:
     from eagle3_assets.drafter.training.config import ExportSettings, RuntimeSettings, TrainJob
 
     recipe = load_recipe(context.partition_key)
@@ -59,14 +83,8 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
         export=ExportSettings(speculative_k=recipe.evaluation.speculative_k), pipes_asset_key="drafter_checkpoint",
     )
     job_path = job.write(out / "job.json")
-    trainer = [sys.executable, "-m", "eagle3_assets.drafter.training", "--config", str(job_path)]
-    if config.nproc_per_node > 1:
-        trainer = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={config.nproc_per_node}", "-m", "eagle3_assets.drafter.training",
-                   "--config", str(job_path)]
-    context.log.info(f"training {recipe.name}: {samples:.0f} samples per epoch: {' '.join(trainer)}")
-    invocation = dg.PipesSubprocessClient().run(context=context, command=trainer, env=dict(os.environ))
-    pipes_meta = {}
+    invocation = launch_training(context, config, slurm, layout, recipe.name, job_path, samples)
+    pipes_meta = dict(invocation.metadata)
     for event in invocation.get_results():
         if isinstance(event, dg.MaterializeResult) and event.metadata:
             pipes_meta.update(event.metadata)

@@ -10,7 +10,7 @@ import dagster as dg
 from eagle3_assets.corpus.assets import merged_corpus
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
-from resources import StorageResource, TargetResource, VLLMResource
+from resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource, VLLMResource
 
 
 class HiddenStatesConfig(dg.Config):
@@ -20,7 +20,10 @@ class HiddenStatesConfig(dg.Config):
     batch_tokens: int = 4096
     layer_ids: list[int] = []  # empty: the model's default auxiliary layers
     retry_quarantined: bool = False
-    tp_size: int = 1  # sglang: tensor-parallel GPUs (torchrun processes)
+    tp_size: int = 1  # sglang: tensor-parallel GPUs (torchrun processes); vllm on SLURM: the server's
+    launcher: str = "local"  # "local" (this machine) or "slurm" (one job on the `slurm` resource's cluster)
+    slurm: SlurmJobConfig = SlurmJobConfig()  # launcher slurm: this launch's job shape over the resource's
+    vllm_server_args: list[str] = []  # vllm on SLURM: further arguments of the server the job starts
 
 
 def build_extractor(config: HiddenStatesConfig, target: TargetResource, vllm: VLLMResource | None = None):
@@ -39,13 +42,13 @@ def build_extractor(config: HiddenStatesConfig, target: TargetResource, vllm: VL
 @dg.asset(
     partitions_def=datasets_partitions,
     deps=[merged_corpus],
-    group_name="gpu",
+    group_name="hidden_states",
     kinds={"safetensors", "torch"},
     pool="gpu",
     description="Auxiliary + final hidden states per token in sharded safetensors, with index and manifest.",
 )
 def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig, storage: StorageResource,
-                  target: TargetResource, vllm: VLLMResource) -> dg.MaterializeResult:
+                  target: TargetResource, vllm: VLLMResource, slurm: SlurmResource) -> dg.MaterializeResult:
     from tqdm import tqdm
 
     from eagle3_assets.hidden_states.extract import extract_corpus
@@ -53,6 +56,13 @@ def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig,
     dataset = context.partition_key
     layout = storage.layout
     out = layout.hidden_states_dir(dataset)
+    if config.launcher not in ("local", "slurm"):
+        raise ValueError(f"unknown launcher {config.launcher!r} (expected 'local' or 'slurm')")
+    if config.launcher == "slurm":
+        from eagle3_assets.hidden_states.slurm_launch import launch_on_slurm
+
+        report, job_meta = launch_on_slurm(context, config, target, vllm, slurm, layout, dataset)
+        return hidden_states_result(context, config, out, report, job_meta)
     if config.backend == "sglang":
         from eagle3_assets.hidden_states.sglang_launch import launch_sglang_extraction
 
@@ -81,7 +91,7 @@ def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig,
     return hidden_states_result(context, config, out, report)
 
 
-def hidden_states_result(context, config: HiddenStatesConfig, out, report) -> dg.MaterializeResult:
+def hidden_states_result(context, config: HiddenStatesConfig, out, report, job_meta: dict | None = None) -> dg.MaterializeResult:
     manifest = json.loads((out / "manifest.json").read_text())
     tokens = manifest["num_tokens"]
     if report.quarantined_total:
@@ -108,6 +118,7 @@ def hidden_states_result(context, config: HiddenStatesConfig, out, report) -> dg
             "layer_convention": manifest["layers"]["convention"],
             "quarantined_samples": md_table(manifest.get("quarantined", [])[:20]),
             "manifest": dg.MetadataValue.path(str(out / "manifest.json")),
+            **(job_meta or {}),
         },
         data_version=dg.DataVersion(
             hashlib.sha256(json.dumps(manifest.get("shards", []), sort_keys=True).encode()).hexdigest()[:16]),

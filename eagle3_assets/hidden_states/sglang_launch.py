@@ -15,16 +15,18 @@ JOB_FILE = "sglang-job.json"
 CAPTURE_ENV = "EAGLE3_SGLANG_CAPTURE"  # module:function replacing SGLang's capture (CPU tests)
 
 
+def capture_args() -> list[str]:
+    """``--capture`` when the environment names a stand-in for SGLang's capture (CPU tests)."""
+    return ["--capture", os.environ[CAPTURE_ENV]] if os.environ.get(CAPTURE_ENV) else []
+
+
 def torchrun_command(job_path: Path, tp_size: int) -> list[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp_size}",
-               "-m", "eagle3_assets.hidden_states.sglang_extract", "--config", str(job_path)]
-    if os.environ.get(CAPTURE_ENV):
-        command += ["--capture", os.environ[CAPTURE_ENV]]
-    return command
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp_size}",
+            "-m", "eagle3_assets.hidden_states.sglang_extract", "--config", str(job_path), *capture_args()]
 
 
-def launch_sglang_extraction(context: dg.AssetExecutionContext, config, spec, corpus: Path, out: Path) -> ExtractionReport:
-    """Extract ``corpus`` into ``out`` on ``config.tp_size`` GPUs; returns rank 0's report."""
+def write_sglang_job(config, spec, corpus: Path, out: Path) -> Path:
+    """The job file every rank reads, beside the dataset's hidden-state directory."""
     text = spec.text_config
     job = SGLangExtractionJob(
         model_path=str(spec.model_dir), corpus=str(corpus), out_dir=str(out), target=spec.identity,
@@ -36,7 +38,12 @@ def launch_sglang_extraction(context: dg.AssetExecutionContext, config, spec, co
     out.mkdir(parents=True, exist_ok=True)
     job_path = out.parent / f".{out.name}.{JOB_FILE}"
     job_path.write_text(job.model_dump_json(indent=2))
-    command = torchrun_command(job_path, config.tp_size)
+    return job_path
+
+
+def launch_sglang_extraction(context: dg.AssetExecutionContext, config, spec, corpus: Path, out: Path) -> ExtractionReport:
+    """Extract ``corpus`` into ``out`` on ``config.tp_size`` GPUs; returns rank 0's report."""
+    command = torchrun_command(write_sglang_job(config, spec, corpus, out), config.tp_size)
     context.log.info(f"SGLang extraction on {config.tp_size} GPU(s): {' '.join(command)}")
     dg.PipesSubprocessClient().run(context=context, command=command, env=dict(os.environ)).get_results()
     return load_report(out)

@@ -46,7 +46,7 @@ def _failure(e: UserInputError) -> dg.Failure:
 
 @dg.asset(
     partitions_def=datasets_partitions,
-    group_name="data",
+    group_name="prompts",
     kinds={"parquet"},
     description="Prompt rows of prompts/<dataset>.{jsonl,jsonl.gz,parquet} (OpenAI or ShareGPT style, or mapped "
                 "columns) with stable ids and their length with the target's chat template.",

@@ -32,7 +32,7 @@ class TokenIdsConfig(dg.Config):
 @dg.asset(
     partitions_def=datasets_partitions,
     deps=[raw_responses],
-    group_name="data",
+    group_name="tokens",
     kinds={"parquet"},
     description="Prompt ids + output ids per sample, loss mask on assistant tokens, re-tokenization agreement.",
 )

@@ -1,0 +1,73 @@
+"""The ``hidden_states`` asset with ``launcher: slurm``: one SLURM job per dataset, every backend.
+
+- ``local``: ``extract_job`` (transformers) as one process on the job's node;
+- ``vllm``: ``extract_job`` starts a vLLM extraction server on the node and extracts through it;
+- ``sglang``: the SGLang job (``sglang_extract``) under ``torchrun``, ``tp_size`` ranks over the job's tasks.
+
+The job writes into the dataset's hidden-state directory on the shared filesystem, so a job that
+was cancelled, preempted or timed out leaves its finished shards, and the next launch resumes.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from eagle3_assets.hidden_states.extract import ExtractionReport
+from eagle3_assets.hidden_states.extract_job import ExtractionJob, VLLMServerSpec
+from eagle3_assets.hidden_states.sglang_extract import load_report
+from eagle3_assets.slurm.script import Launch, forwarded_env
+
+
+def vllm_server_spec(config, target, vllm, slurm, corpus, spec) -> VLLMServerSpec:
+    """The in-job server: the target's dtype, room for the corpus's longest sequence (+1 generated
+    token), eager on CPU only, tensor parallel over ``tp_size`` GPUs."""
+    from eagle3_assets.target.vllm_server import default_python
+
+    longest = int(pl.scan_parquet(corpus).select(pl.col("input_ids").list.len().max()).collect().item() or 1)
+    need = -(-(longest + 1) // 256) * 256
+    if spec.context_length:
+        need = min(need, spec.context_length)
+    return VLLMServerSpec(python=slurm.vllm_python or default_python(), served_name=spec.served_name,
+                          dtype=target.dtype, max_model_len=need, enforce_eager=target.device == "cpu",
+                          tensor_parallel_size=config.tp_size, extra_args=list(config.vllm_server_args),
+                          concurrency=vllm.extraction_concurrency)
+
+
+def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, tasks: int) -> Launch:
+    spec = target.spec()
+    name = f"eagle3-hidden_states-{dataset}"
+    if config.backend == "sglang":
+        from eagle3_assets.hidden_states.sglang_launch import capture_args, write_sglang_job
+
+        if config.tp_size % tasks:
+            raise ValueError(f"tp_size {config.tp_size} does not divide over the job's {tasks} task(s)")
+        job_path = write_sglang_job(config, spec, corpus, out)
+        return Launch(name, "eagle3_assets.hidden_states.sglang_extract", ["--config", str(job_path), *capture_args()],
+                      procs=config.tp_size // tasks, exports=forwarded_env())
+    if config.backend not in ("local", "vllm"):
+        raise ValueError(f"unknown hidden-state backend {config.backend!r} (expected 'local', 'sglang' or 'vllm')")
+    job = ExtractionJob(
+        backend=config.backend, model_path=str(spec.model_dir), target=spec.identity, corpus=str(corpus),
+        out_dir=str(out), layer_ids=config.layer_ids or None, device=target.device, dtype=config.dtype,
+        shard_bytes=config.shard_bytes, batch_tokens=config.batch_tokens, retry_quarantined=config.retry_quarantined,
+        threads=target.threads,
+        vllm=vllm_server_spec(config, target, vllm, slurm, corpus, spec) if config.backend == "vllm" else None,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    job_path = out.parent / f".{out.name}.extract-job.json"
+    job_path.write_text(job.model_dump_json(indent=2))
+    return Launch(name, "eagle3_assets.hidden_states.extract_job", ["--config", str(job_path)],
+                  exports=forwarded_env())
+
+
+def launch_on_slurm(context, config, target, vllm, slurm, layout, dataset: str) -> tuple[ExtractionReport, dict]:
+    """Run the dataset's extraction as one SLURM job; rank 0's report and the job's metadata."""
+    out = layout.hidden_states_dir(dataset)
+    if not layout.corpus(dataset).exists():  # refused here, not after the job's wait in the queue
+        raise FileNotFoundError(f"no corpus for dataset {dataset!r} at {layout.corpus(dataset)}: "
+                                f"materialize merged_corpus[{dataset}] first")
+    client = slurm.client(layout, config.slurm)
+    launch = extraction_launch(config, target, vllm, slurm, layout.corpus(dataset), out, dataset, client.resources.tasks)
+    invocation = client.run(context=context, launch=launch)
+    invocation.get_results()
+    return load_report(out), dict(invocation.metadata)
