@@ -6,7 +6,8 @@ DeepSeek-V3 ``text_config`` with K2.5's keys and values where size allows: MLA a
 routed + shared experts behind ``first_k_dense_replace`` = 1 dense layer, sigmoid ``noaux_tc``
 routing with ``routed_scaling_factor`` 2.827, K2.5's yarn ``rope_scaling`` (factor 64 over 4,096
 original positions, theta 50,000), ``max_position_embeddings`` 262,144, ``vocab_size`` 163,840,
-``eos_token_id`` 163586 (``<|im_end|>``), ``num_nextn_predict_layers`` 0. Sizes are cut: 7 layers
+``eos_token_id`` 163585 (``[EOS]``, as K2.5's config says; its turns end with ``<|im_end|>`` 163586, which
+every decode loop adds to its stop ids), ``num_nextn_predict_layers`` 0. Sizes are cut: 7 layers
 (the fewest for which EAGLE-3's default aux layers [1, L//2-1, L-4] are distinct), hidden 64.
 
 Weights: written as K2.5 stores them, under ``language_model.`` (``language_model.model.layers.N``,
@@ -68,7 +69,7 @@ TEXT_CONFIG = {
     "initializer_range": 0.02,
     "tie_word_embeddings": False,
     "bos_token_id": slot_id("[BOS]"),
-    "eos_token_id": slot_id("<|im_end|>"),
+    "eos_token_id": slot_id("[EOS]"),  # K2.5: 163585; a turn ends with <|im_end|> 163586
     "pad_token_id": slot_id("[PAD]"),
     "dtype": "float32",
 }
@@ -86,7 +87,7 @@ def model_config() -> dict:
         "vision_config": dict(VISION_CONFIG),
         "projection_hidden_size": 16,
         "bos_token_id": slot_id("[BOS]"),
-        "eos_token_id": slot_id("<|im_end|>"),
+        "eos_token_id": slot_id("[EOS]"),  # K2.5: 163585; a turn ends with <|im_end|> 163586
         "pad_token_id": slot_id("[PAD]"),
         "media_placeholder_token_id": slot_id("<|media_pad|>"),
         "image_token_id": slot_id("<|media_pad|>"),
