@@ -124,6 +124,13 @@ class TargetTokenizer:
         )
         return list(enc["input_ids"])
 
+    def parse_tool_calls(self, output_ids: list[int]) -> list[dict] | None:
+        """The calls a reply's ids make, in OpenAI's shape, when the target's format is known (Kimi)."""
+        from eagle3_assets.tokens.tool_calls import KimiFormat
+
+        fmt = KimiFormat.of(self)
+        return fmt.split(self, list(output_ids))[1] if fmt is not None else None
+
     @property
     def supports_tools(self) -> bool:
         """Whether the chat template renders tool declarations at all (SmolLM2's does not)."""

@@ -16,9 +16,10 @@ calls, since that is what the model writes.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
+
+from eagle3_assets.generation.tool_calls import reply_calls
 
 KIMI_MARKERS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
                 "<|tool_call_argument_begin|>", "<|tool_call_end|>")
@@ -109,21 +110,6 @@ class ToolReply:
     notes: list[str] = field(default_factory=list)
 
 
-def tool_calls_of(row: dict) -> list[dict] | None:
-    """The structured calls a backend returned with the row, normalized (arguments as JSON text)."""
-    calls = row.get("tool_calls")
-    if not calls:
-        return None
-    out = []
-    for c in calls:
-        fn = c.get("function") or {}
-        args = fn.get("arguments")
-        out.append({"id": c.get("id") or "", "type": "function",
-                    "function": {"name": fn.get("name") or "", "arguments": args if isinstance(args, str)
-                                 else json.dumps(args or {}, ensure_ascii=False)}})
-    return out
-
-
 def render_reply(tok, messages: list[dict], tools: list[dict] | None, reply: dict,
                  prompt_ids: list[int]) -> list[int] | None:
     """The ids the template writes for ``reply`` after the conversation (None when the rendering
@@ -143,7 +129,7 @@ def tool_call_reply(tok, row: dict, messages: list[dict] | None, tools: list[dic
     (or its calls cannot be rendered: no prompt messages, a template that is not append-only)."""
     kimi = KimiFormat.of(tok)
     native = row.get("output_ids")
-    calls, notes = tool_calls_of(row), []
+    calls, notes = reply_calls(row.get("tool_calls")), []
     text, reasoning = row.get("text") or "", row.get("reasoning")
     if native is not None and kimi is not None:
         head, parsed = kimi.split(tok, list(native))
