@@ -354,7 +354,7 @@ def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer
         matched = total = 0
         diff = ""
         notes.append("completion = " + "+".join(layout))
-        if reasoning and "reasoning" not in layout:
+        if reasoning and reply is None and "reasoning" not in layout:
             notes.append("reasoning dropped: " + ("the generation prompt closed the think block"
                                                   if tok.has_think_tokens else "no think tokens in this tokenizer"))
     if not completion:
