@@ -29,10 +29,10 @@ K25_TEXT = {
     "rope_theta": 50000.0, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 64.0, "mscale": 1.0,
                                             "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
                                             "type": "yarn"},
-    "eos_token_id": 163586, "tie_word_embeddings": False,
+    "eos_token_id": 163585, "tie_word_embeddings": False,
 }
 K25 = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": K25_TEXT,
-       "eos_token_id": 163586, "tie_word_embeddings": False}
+       "eos_token_id": 163585, "tie_word_embeddings": False}
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,9 @@ def test_template_rules_tools_names_ids_history(kimi):
                              "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
             {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"}]
     text = kimi.tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True)
-    assert text.startswith('<|im_system|>tool_declare<|im_middle|>[{"type":"function"')
+    # K2.5's override: the tools as a TypeScript namespace (tools_ts_str), not JSON
+    assert text.startswith("<|im_system|>tool_declare<|im_middle|># Tools\n\n## functions\nnamespace functions {\n"
+                           "type get_weather = (_: {}) => any;\n}\n<|im_end|>")
     assert "<|im_user|>alice<|im_middle|>Weather?<|im_end|>" in text  # role name from `name`
     # a tool-call turn after the last plain answer keeps its reasoning; the id is written verbatim
     assert ("<|im_assistant|>assistant<|im_middle|><think>need a tool</think><|tool_calls_section_begin|>"
