@@ -56,6 +56,7 @@ def test_whole_graph_on_kimi_mini(layout, kimi_mini_dir, monkeypatch):
         assert cfg["max_position_embeddings"] == 262144
         ev = json.loads((out / "eval.json").read_text())
         assert ev["trained"]["matches_greedy"] and ev["untrained"]["matches_greedy"]
+        assert ev["stop_ids"] == [163585, IM_END]  # K2.5's eos [EOS] and the turn's end: decoding stops on both
         print(f"kimi-mini acceptance length {ev['trained']['acceptance_length']:.3f} "
               f"(untrained {ev['untrained']['acceptance_length']:.3f}) on {ev['prompts']} prompts")
         assert checks_by_name(result)["drafter_acceptance"].passed

@@ -332,8 +332,11 @@ def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer
     layout = tok.completion_layout(prompt_ids, reasoning, text, finish, think_closed)
     reply = tool_call_reply(tok, row, messages, tools, prompt_ids) if row.get("tool_calls") or native else None
     if row.get("tool_calls") and reply is None:
-        raise ValueError(f"sample {sid}: its reply calls tools, but the chat template cannot render it after the "
-                         "prompt (no prompt messages, or a template whose rendering is not append-only)")
+        why = "no prompt messages, or a template whose rendering is not append-only"
+        if native is None:  # without the calls the row would be wrong, not merely uncalibrated
+            raise ValueError(f"sample {sid}: its reply calls tools, but the chat template cannot render it after the "
+                             f"prompt ({why})")
+        notes.append(f"tool calls not re-rendered ({why}): calibrated as text")
     if reply is not None:
         layout, retok = ["tool_call_reply"], reply.ids
         notes += reply.notes
