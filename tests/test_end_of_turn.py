@@ -14,7 +14,9 @@ from eagle3_assets.target.spec import TargetSpec
 
 pytestmark = pytest.mark.model
 EOS, IM_END = 163585, 163586
-QUESTIONS = ["What is 2+3?", "Name a color.", "Say hi.", "Count to three."]
+# greedy kimi-mini ends these turns after 52 to 135 tokens, and runs on to 200 for others
+QUESTIONS = ["Name a color.", "Name a fruit.", "Hello", "What is 2+3?", "Say hi."]
+MAX_NEW = 160
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,7 @@ def test_greedy_and_speculative_decoding_stop_at_the_end_of_turn(spec, target):
     from eagle3_assets.drafter.target_weights import read_target_embeddings
     from eagle3_assets.drafter.vocab_map import build_vocab_map
 
-    stops, n = spec.stop_token_ids(), 48
+    stops, n = spec.stop_token_ids(), MAX_NEW
     ended = 0
     for p in prompts(spec):
         out = greedy_generate(target, p, max_new_tokens=n, stop_ids=stops)
@@ -62,7 +64,7 @@ def test_greedy_and_speculative_decoding_stop_at_the_end_of_turn(spec, target):
             assert out == eos_only[:cut] and len(eos_only) > cut
         else:
             assert out == eos_only
-    assert ended >= 2, "the stand-in should end most of these turns within 48 tokens"
+    assert ended >= 3, f"the stand-in should end most of these turns within {n} tokens"
 
     import torch
 
@@ -82,6 +84,6 @@ def test_local_generation_and_its_rows_end_at_the_turn(spec):
 
     model = EmbeddedModel(spec.model_dir, tokenizer=spec.load_tokenizer())
     assert set(model.stop_ids) == {EOS, IM_END}
-    outs = model.generate(prompts(spec), max_new_tokens=48)
+    outs = model.generate(prompts(spec), max_new_tokens=MAX_NEW)
     stopped = [g for g in outs if g.finish_reason == "stop"]
-    assert len(stopped) >= 2 and all(g.output_ids[-1] == IM_END and IM_END not in g.output_ids[:-1] for g in stopped)
+    assert len(stopped) >= 3 and all(g.output_ids[-1] == IM_END and IM_END not in g.output_ids[:-1] for g in stopped)
