@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 NAME = "Kimi-K2.5-mini"
-VERSION = "3"  # bump when the builder's output changes; a cached copy of another version is rebuilt
+VERSION = "4"  # bump when the builder's output changes; a cached copy of another version is rebuilt
 
 
 def ensure_kimi_mini(models_dir: Path) -> Path:
