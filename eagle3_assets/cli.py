@@ -34,7 +34,8 @@ def cmd_add_dataset(args) -> int:
         raise UserInputError(f"{src}: a prompt file ends in .jsonl, .jsonl.gz or .parquet")
     name = check_dataset_name(args.name or prompt_file_dataset(src))
     options = ReadOptions(columns=parse_column_map(args.map or []), skip_invalid_rows=args.skip_invalid,
-                          final_assistant="drop" if args.drop_final_assistant else "refuse")
+                          final_assistant="drop" if args.drop_final_assistant else "refuse",
+                          tools_in_system_turn=args.tools_in_system_turn)
     reader = PromptReader(src, options)
     last = time.monotonic()
     for _ in reader:  # validation only: nothing is kept, so a 10 GB file needs no memory
@@ -263,9 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-invalid", action="store_true", help="accept a file with bad rows (they are skipped)")
     p.add_argument("--map", action="append", metavar="KEY=COLUMN",
                    help="columns that differ: user=instruction+input, system=COL, id=COL, messages=COL, "
-                        "conversations=COL (repeat or comma-separate)")
+                        "conversations=COL, tools=COL, chat=COL (glaive's text; repeat or comma-separate)")
     p.add_argument("--drop-final-assistant", action="store_true",
                    help="a conversation ending with the assistant's reply becomes the prompt for that reply")
+    p.add_argument("--tools-in-system-turn", action="store_true",
+                   help="for a target whose chat template renders no tools: write them into the system turn")
     p.add_argument("--force", action="store_true", help="replace the dataset's prompt file")
     p.set_defaults(fn=cmd_add_dataset)
     p = sub.add_parser("demo", help="materialize the graph for the bundled demo datasets")

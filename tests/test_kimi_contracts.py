@@ -29,10 +29,10 @@ K25_TEXT = {
     "rope_theta": 50000.0, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 64.0, "mscale": 1.0,
                                             "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
                                             "type": "yarn"},
-    "eos_token_id": 163586, "tie_word_embeddings": False,
+    "eos_token_id": 163585, "tie_word_embeddings": False,
 }
 K25 = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": K25_TEXT,
-       "eos_token_id": 163586, "tie_word_embeddings": False}
+       "eos_token_id": 163585, "tie_word_embeddings": False}
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,9 @@ def test_template_rules_tools_names_ids_history(kimi):
                              "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
             {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"}]
     text = kimi.tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True)
-    assert text.startswith('<|im_system|>tool_declare<|im_middle|>[{"type":"function"')
+    # K2.5's override: the tools as a TypeScript namespace (tools_ts_str), not JSON
+    assert text.startswith("<|im_system|>tool_declare<|im_middle|># Tools\n\n## functions\nnamespace functions {\n"
+                           "type get_weather = (_: {}) => any;\n}\n<|im_end|>")
     assert "<|im_user|>alice<|im_middle|>Weather?<|im_end|>" in text  # role name from `name`
     # a tool-call turn after the last plain answer keeps its reasoning; the id is written verbatim
     assert ("<|im_assistant|>assistant<|im_middle|><think>need a tool</think><|tool_calls_section_begin|>"
@@ -252,8 +254,28 @@ def test_kimi_mini_checkpoint_is_laid_out_like_k25(kimi_mini_dir):
     spec = TargetSpec(kimi_mini_dir, trust_remote_code=True)
     text = spec.text_config
     assert spec.config["model_type"] == "kimi_k25" and text["num_hidden_layers"] == 7
-    assert text["rope_scaling"]["type"] == "yarn" and text["kv_lora_rank"] == 16 and text["first_k_dense_replace"] == 1
+    assert text["rope_scaling"]["type"] == "yarn" and text["first_k_dense_replace"] == 1
+    assert (text["kv_lora_rank"], text["qk_rope_head_dim"]) == (512, 64)  # K2.5's latent: vLLM's CPU MLA kernel
     assert spec.load_tokenizer().end_of_turn_id == IM_END
+
+
+def test_kimi_mini_ships_k25s_processor_files(kimi_mini_dir):
+    """The files an engine reads at start (vLLM's K2.5 class builds its image processor from them):
+    K2.5's preprocessor_config.json layout, and remote-code classes under K2.5's names that load."""
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoProcessor
+
+    cfg = json.loads((kimi_mini_dir / "preprocessor_config.json").read_text())
+    assert set(cfg) == {"auto_map", "media_proc_cfg"} and cfg["media_proc_cfg"]["patch_size"] == 14
+    images = AutoImageProcessor.from_pretrained(kimi_mini_dir, trust_remote_code=True)
+    assert type(images).__name__ == "KimiK25VisionProcessor" and images.num_frames_per_chunk == 4
+    image = Image.new("RGB", (60, 30))  # 60x30 -> padded to 84x56: 3 x 2 merged 28-pixel blocks
+    assert images.media_tokens_calculator({"type": "image", "image": image}) == 6
+    out = images.preprocess([{"type": "image", "image": image}])
+    assert out["grid_thws"].tolist() == [[1, 4, 6]] and tuple(out["pixel_values"].shape) == (24, 3, 14, 14)
+    proc = AutoProcessor.from_pretrained(kimi_mini_dir, trust_remote_code=True)
+    ids = proc(text="look <|media_pad|>", medias=[{"type": "image", "image": image}])["input_ids"]
+    assert ids.count(163605) == 6  # <|media_pad|> widened to the image's token count
 
 
 @pytest.mark.model

@@ -85,8 +85,12 @@ def test_kimi_chat_template_structure(kimi, kimi_no_think):
     done = msgs[:2] + [{"role": "assistant", "content": "Hello", "reasoning_content": "greet back"}]
     rendered = kimi.tokenizer.apply_chat_template(done, tokenize=False, add_generation_prompt=False)
     assert rendered.endswith("<|im_assistant|>assistant<|im_middle|><think></think>Hello<|im_end|>")
+    # preserve_thinking and a `reasoning` key are Kimi-K2.6's; K2.5's template reads neither
+    # (transformers itself copies `reasoning` into `reasoning_content`; the prompt reader keeps neither)
     kept = kimi.tokenizer.apply_chat_template(done, tokenize=False, add_generation_prompt=False, preserve_thinking=True)
-    assert kept.endswith("<think>greet back</think>Hello<|im_end|>")
+    assert kept == rendered
+    template = kimi.tokenizer.chat_template
+    assert "preserve_thinking" not in template and "get('reasoning')" not in template
 
 
 # --- re-tokenization layout ------------------------------------------------------------------
@@ -99,13 +103,12 @@ def test_kimi_text_only_row_with_reasoning_matches_the_rendered_conversation(kim
     completion = t["input_ids"][t["prompt_len"]:]
     assert completion == (kimi.encode_text("Add 2 and 3: 5.") + [kimi.think_end_id]
                           + kimi.encode_text("The answer is 5.") + [kimi.end_of_turn_id])
-    # prompt + completion is the template's rendering of the finished conversation with its reasoning
-    # kept (preserve_thinking); a plain K2.5 re-render makes the finished answer history and drops
-    # the reasoning the model generated: re-rendering is not append-only, so it is never used
+    # prompt + completion is what the model saw and wrote: the generation prompt, then its reasoning;
+    # a K2.5 re-render makes the finished answer history and drops the reasoning the model
+    # generated: re-rendering a text answer is not append-only, so it is never used
+    assert kimi.decode(t["input_ids"]) == (kimi.tokenizer.apply_chat_template(msgs, tokenize=False)
+                                           + "Add 2 and 3: 5.</think>The answer is 5.<|im_end|>")
     full = msgs + [{"role": "assistant", "content": "The answer is 5.", "reasoning_content": "Add 2 and 3: 5."}]
-    enc = kimi.tokenizer.apply_chat_template(full, tokenize=True, add_generation_prompt=False, return_dict=True,
-                                             preserve_thinking=True)
-    assert t["input_ids"] == list(enc["input_ids"])
     plain = kimi.tokenizer.apply_chat_template(full, tokenize=True, add_generation_prompt=False, return_dict=True)
     assert list(plain["input_ids"]) != t["input_ids"]
     assert t["loss_mask"] == [0] * t["prompt_len"] + [1] * len(completion)

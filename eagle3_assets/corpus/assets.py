@@ -3,7 +3,7 @@
 import dagster as dg
 import polars as pl
 
-from eagle3_assets.corpus.inventory import response_frame, summarize, write_inventory
+from eagle3_assets.corpus.inventory import response_frame, summarize, tool_call_figures, write_inventory
 from eagle3_assets.corpus.merge import merge_corpus
 from eagle3_assets.files import write_parquet_atomic
 from eagle3_assets.generation.assets import raw_responses
@@ -16,7 +16,8 @@ from eagle3_assets.tokens.assets import token_ids
 from resources import DatasetSettings, StorageResource
 
 SHOWN = ["source", "responses", "completion_tokens", "mean_len", "p50_len", "p95_len",
-         "finish_reasons", "budget_used", "budget_remaining", "cost_usd", "billed_usd", "billed_dead_runs_usd", "missing"]
+         "finish_reasons", "budget_used", "budget_remaining", "cost_usd", "billed_usd", "billed_dead_runs_usd", "missing",
+         "tool_call_responses", "tools_unused", "tool_call_agreement", "tool_call_exact_rate"]
 
 
 @dg.asset(
@@ -39,8 +40,12 @@ def inventory(context: dg.AssetExecutionContext, storage: StorageResource,
     if layout.prompt_table(dataset).exists():
         prompt_ids = pl.read_parquet(layout.prompt_table(dataset), columns=["prompt_id"])["prompt_id"].to_list()
         missing = unanswered_in_store(store, prompt_ids, responses)
+    tokens_path, wanted = layout.tokens(dataset), ["source", "native_ids", "tool_calls", "retok_matched", "retok_total",
+                                                   "retok_exact"]
+    tokens = (pl.read_parquet(tokens_path, columns=wanted) if tokens_path.exists()
+              and set(wanted) <= set(pl.read_parquet_schema(tokens_path)) else None)  # tables of older versions: none
     rows = summarize(dataset, frame, dataset_settings.budget_for(dataset), store.billing(),
-                     None if missing is None else len(missing))
+                     None if missing is None else len(missing), tool_call_figures(tokens))
     write_inventory(layout.metadata_db, dataset, rows, missing)
     total = rows.filter(rows["source"] == "all").to_dicts()[0]
     lengths: dict[str, list[int]] = {}
@@ -61,6 +66,11 @@ def inventory(context: dg.AssetExecutionContext, storage: StorageResource,
             **({} if missing is None else {"missing": len(missing),
                                            "unanswered (first 20)": md_table(missing[:20], ["prompt_id", "reason", "detail"])}),
             "p95_len": float(total["p95_len"] or 0.0),
+            "tool_call_responses": int(total["tool_call_responses"] or 0),
+            "tools_unused": int(total["tools_unused"] or 0),
+            "tool_call_native_rows": int(total["tool_call_native_rows"] or 0),
+            "tool_call_agreement": total["tool_call_agreement"],
+            "tool_call_exact_rate": total["tool_call_exact_rate"],
             "database": dg.MetadataValue.path(str(layout.metadata_db)),
         }
     )

@@ -31,17 +31,23 @@ CREATE TABLE IF NOT EXISTS inventory (
 )
 """
 # Columns added later; ALTER keeps databases written by earlier versions usable.
-ADDED_COLUMNS = {"billed_usd": "DOUBLE", "missing": "BIGINT", "billed_dead_runs_usd": "DOUBLE"}
+ADDED_COLUMNS = {"billed_usd": "DOUBLE", "missing": "BIGINT", "billed_dead_runs_usd": "DOUBLE",
+                 "tool_call_responses": "BIGINT", "tools_unused": "BIGINT", "tool_call_native_rows": "BIGINT",
+                 "tool_call_agreement": "DOUBLE", "tool_call_exact_rate": "DOUBLE"}
 UNANSWERED_SCHEMA = """
 CREATE TABLE IF NOT EXISTS unanswered (dataset VARCHAR, prompt_id VARCHAR, reason VARCHAR, detail VARCHAR)
 """
 COLUMNS = ["dataset", "source", "responses", "completion_tokens", "prompt_tokens", "mean_len", "p50_len",
            "p95_len", "finish_reasons", "truncated", "budget_tokens", "budget_used", "budget_remaining", "cost_usd",
-           "billed_usd", "billed_dead_runs_usd", "missing"]
+           "billed_usd", "billed_dead_runs_usd", "missing", "tool_call_responses", "tools_unused", "tool_call_native_rows",
+           "tool_call_agreement", "tool_call_exact_rate"]
+# the tool-call figures of token_ids, per source: replies rebuilt by the chat template, measured on native rows
+TOOL_CALL_FIGURES = ["tool_call_native_rows", "tool_call_agreement", "tool_call_exact_rate"]
 
 RESPONSE_COLUMNS = {
     "sample_id": pl.Utf8, "source": pl.Utf8, "finish_reason": pl.Utf8,
     "completion_tokens": pl.Int64, "prompt_tokens": pl.Int64, "cost_usd": pl.Float64,
+    "tool_calls": pl.Int64, "tools_unused": pl.Boolean,  # calls in the reply; a prompt with tools answered without one
 }
 
 SUMMARY_SQL = """
@@ -53,20 +59,41 @@ SELECT coalesce(source, 'all') AS source,
        quantile_cont(completion_tokens, 0.5) AS p50_len,
        quantile_cont(completion_tokens, 0.95) AS p95_len,
        count(*) FILTER (WHERE finish_reason = 'length') AS truncated,
-       coalesce(sum(cost_usd), 0) AS cost_usd
+       coalesce(sum(cost_usd), 0) AS cost_usd,
+       count(*) FILTER (WHERE tool_calls > 0) AS tool_call_responses,
+       count(*) FILTER (WHERE tools_unused) AS tools_unused
 FROM responses GROUP BY ROLLUP (source) ORDER BY source = 'all', source
 """
 
 
 def response_frame(rows: list[dict]) -> pl.DataFrame:
-    data = {k: [r.get(k) for r in rows] for k in RESPONSE_COLUMNS}
+    derived = {"tool_calls": lambda r: len(r.get("tool_calls") or ()),
+               "tools_unused": lambda r: "tools_unused" in (r.get("flags") or ())}
+    data = {k: [derived[k](r) if k in derived else r.get(k) for r in rows] for k in RESPONSE_COLUMNS}
     return pl.DataFrame(data, schema=RESPONSE_COLUMNS)
 
 
+def tool_call_figures(tokens: pl.DataFrame | None) -> dict[str, dict]:
+    """Per source (and ``all``): token agreement and exact rate of the tool-call replies with native
+    ids, rebuilt by the chat template from their parsed calls (the token table's figures)."""
+    if tokens is None or "tool_calls" not in tokens.columns:
+        return {}
+    native = tokens.filter(pl.col("native_ids") & (pl.col("tool_calls") > 0))
+    out = {}
+    for source, part in [("all", native), *native.group_by("source")]:
+        name = source[0] if isinstance(source, tuple) else source
+        total = int(part["retok_total"].sum() or 0)
+        out[name] = {"tool_call_native_rows": part.height,
+                     "tool_call_agreement": int(part["retok_matched"].sum() or 0) / total if total else None,
+                     "tool_call_exact_rate": float(part["retok_exact"].mean()) if part.height else None}
+    return out
+
+
 def summarize(dataset: str, responses: pl.DataFrame, budget_tokens: int, billing: list[dict] | None = None,
-              missing: int | None = None) -> pl.DataFrame:
+              missing: int | None = None, tool_calls: dict[str, dict] | None = None) -> pl.DataFrame:
     """Inventory rows for one dataset: each source, then ``all``. ``billing`` holds the billed
-    attempts that left no row; ``missing`` the prompts without a response."""
+    attempts that left no row; ``missing`` the prompts without a response; ``tool_calls`` the
+    reconstruction figures of :func:`tool_call_figures`."""
     con = duckdb.connect()
     con.register("responses", responses.to_arrow())
     summary = con.execute(SUMMARY_SQL).pl()
@@ -94,8 +121,15 @@ def summarize(dataset: str, responses: pl.DataFrame, budget_tokens: int, billing
     for src in extra:
         if src not in summary["source"].to_list():  # billed for a source that kept no row
             summary = pl.concat([summary, pl.DataFrame({"source": [src]})], how="diagonal_relaxed")
-    summary = summary.with_columns(pl.col("responses", "completion_tokens", "prompt_tokens", "truncated").fill_null(0),
+    summary = summary.with_columns(pl.col("responses", "completion_tokens", "prompt_tokens", "truncated",
+                                          "tool_call_responses", "tools_unused").fill_null(0),
                                    pl.col("cost_usd").fill_null(0.0))
+    figures = tool_calls or {}
+    summary = summary.with_columns(
+        pl.col("source").map_elements(lambda s: (figures.get(s) or {}).get("tool_call_native_rows", 0),
+                                      return_dtype=pl.Int64).alias("tool_call_native_rows"),
+        *[pl.col("source").map_elements(lambda s, k=k: (figures.get(s) or {}).get(k), return_dtype=pl.Float64)
+          .alias(k) for k in ("tool_call_agreement", "tool_call_exact_rate")])
     return summary.with_columns(
         pl.lit(dataset).alias("dataset"),
         pl.col("source").map_elements(lambda s: json.dumps(by_source.get(s, {}), sort_keys=True),

@@ -95,7 +95,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     prompts = eval_prompts(layout, recipe.datasets, recipe.evaluation.eval_samples)
     if not prompts:
         raise ValueError(f"recipe {recipe.name}: its datasets have no held-out (eval) samples to measure acceptance on")
-    evaluation = evaluate_drafter(model_dir, out / "sglang", prompts, recipe)
+    evaluation = evaluate_drafter(model_dir, out / "sglang", prompts, recipe, spec.stop_token_ids())
     (out / "eval.json").write_text(json.dumps(evaluation, indent=2))
     t, u = evaluation["trained"], evaluation["untrained"]
     context.log.info(f"acceptance length {t['acceptance_length']:.3f} (untrained {u['acceptance_length']:.3f}) "

@@ -36,8 +36,9 @@ def eval_prompts(layout, datasets, limit: int) -> list[list[int]]:
     return out[:limit]
 
 
-def evaluate_drafter(model_dir: Path, export_dir: Path, prompts: list[list[int]], recipe) -> dict:
-    """Acceptance of the exported drafter (loaded from its files alone) and of an untrained one."""
+def evaluate_drafter(model_dir: Path, export_dir: Path, prompts: list[list[int]], recipe, stop_ids: list[int]) -> dict:
+    """Acceptance of the exported drafter (loaded from its files alone) and of an untrained one;
+    decoding stops on ``stop_ids`` (the target's eos ids and end of turn: ``TargetSpec.stop_token_ids``)."""
     from eagle3_assets.drafter.export import load_sglang
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate, untrained_baseline
     from eagle3_assets.drafter.target_weights import read_target_embeddings
@@ -45,8 +46,7 @@ def evaluate_drafter(model_dir: Path, export_dir: Path, prompts: list[list[int]]
 
     target = load_causal_lm(model_dir)
     drafter = load_sglang(export_dir, read_target_embeddings(model_dir)).float().eval()
-    stop = target.generation_config.eos_token_id
-    stop = list(stop) if isinstance(stop, (list, tuple)) else [stop]
+    stop = list(stop_ids)
     ev = recipe.evaluation
     k, n = ev.speculative_k, ev.eval_max_new_tokens
     greedy = [greedy_generate(target, p, max_new_tokens=n, stop_ids=stop) for p in prompts]
@@ -56,5 +56,5 @@ def evaluate_drafter(model_dir: Path, export_dir: Path, prompts: list[list[int]]
         out[name] = {"acceptance_length": rep.acceptance_length, "acceptance_length_no_bonus": rep.acceptance_length_no_bonus,
                      "per_position_rate": list(rep.per_position_rate), "verify_steps": rep.verify_steps,
                      "matches_greedy": bool(rep.matches_greedy)}
-    out.update(prompts=len(prompts), k=k, max_new_tokens=n, floor=ev.acceptance_floor)
+    out.update(prompts=len(prompts), k=k, max_new_tokens=n, floor=ev.acceptance_floor, stop_ids=stop)
     return out

@@ -87,10 +87,11 @@ def acceptance_from_counters(before: dict, after: dict, k: int) -> dict:
 
 def measure_acceptance(api_url: str, prompts: Sequence[Sequence[int]], *, k: int, max_new_tokens: int,
                        model: str = "", concurrency: int = 8, greedy_reference: Sequence[Sequence[int]] | None = None,
-                       timeout_s: float = 1800.0) -> EngineAcceptance:
+                       timeout_s: float = 1800.0, stop_token_ids: Sequence[int] = ()) -> EngineAcceptance:
     """Greedy completions of ``prompts`` (token ids) from a speculating vLLM server at ``api_url``
     (``.../v1``); the counters' difference over this batch is its acceptance. Nothing else may use
-    the server meanwhile."""
+    the server meanwhile. ``stop_token_ids``: the target's end of turn (and eos ids), which vLLM
+    does not stop on by itself when the config's ``eos_token_id`` is another id (Kimi-K2.5)."""
     import httpx
 
     root = api_url.rstrip("/").removesuffix("/v1")
@@ -106,6 +107,8 @@ def measure_acceptance(api_url: str, prompts: Sequence[Sequence[int]], *, k: int
         def complete(ids) -> list[int]:
             body = {"model": model, "prompt": [int(t) for t in ids], "max_tokens": max_new_tokens,
                     "temperature": 0.0, "return_token_ids": True}
+            if stop_token_ids:
+                body["stop_token_ids"] = [int(t) for t in stop_token_ids]
             r = client.post(api_url + "/completions", json=body)
             if r.status_code != 200:
                 raise RuntimeError(f"{api_url}/completions answered {r.status_code}: {r.text[:300]}")
@@ -133,9 +136,10 @@ def compare(project: dict, engine: EngineAcceptance) -> dict:
             "vllm_verify_steps": engine.drafts, "project_verify_steps": project.get("verify_steps")}
 
 
-def measure_recipe(recipe_name: str, *, python: str | None = None, layout=None) -> dict:
+def measure_recipe(recipe_name: str, *, python: str | None = None, layout=None, trust_remote_code: bool = False) -> dict:
     """Serve a trained recipe's vLLM export next to its target, measure acceptance on the recipe's
-    held-out prompts, compare with ``eval.json``; written to ``drafters/<recipe>/vllm_acceptance.json``."""
+    held-out prompts, compare with ``eval.json``; written to ``drafters/<recipe>/vllm_acceptance.json``.
+    ``trust_remote_code``: the target's tokenizer is code (Kimi), read for its end of turn."""
     from eagle3_assets.drafter.evaluate import eval_prompts
     from eagle3_assets.drafter.recipes import load_recipe
     from eagle3_assets.paths import DataLayout
@@ -152,27 +156,32 @@ def measure_recipe(recipe_name: str, *, python: str | None = None, layout=None) 
     model_dir = Path(json.loads((out / "vllm" / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
                      or resolve_model_dir("", layout.models_dir))
     prompts = eval_prompts(layout, recipe.datasets, recipe.evaluation.eval_samples)
-    greedy = _greedy(model_dir, prompts, recipe.evaluation.eval_max_new_tokens)
+    stops = _stop_ids(model_dir, trust_remote_code)
+    greedy = _greedy(model_dir, prompts, recipe.evaluation.eval_max_new_tokens, stops)
     with VLLMServer(model_dir, role="speculate", drafter_dir=out / "vllm", num_speculative_tokens=ev["k"],
                     python=python or "") as server:
         engine = measure_acceptance(server.api_url, prompts, k=ev["k"], max_new_tokens=ev["max_new_tokens"],
-                                    greedy_reference=greedy)
+                                    greedy_reference=greedy, stop_token_ids=stops)
     result = {**compare(ev["trained"], engine), "recipe": recipe.name, "prompts": len(prompts), "k": ev["k"],
               "max_new_tokens": ev["max_new_tokens"], "engine": engine.as_metadata()}
     (out / "vllm_acceptance.json").write_text(json.dumps(result, indent=2))
     return result
 
 
-def _greedy(model_dir: Path, prompts, max_new_tokens: int) -> list[list[int]]:
-    import torch
-    from transformers import AutoModelForCausalLM
+def _stop_ids(model_dir: Path, trust_remote_code: bool) -> list[int]:
+    """The target's eos ids and its template's end of turn."""
+    from eagle3_assets.target.stops import decode_stop_ids
+    from eagle3_assets.tokens.tokenizer import TargetTokenizer
 
+    return decode_stop_ids(model_dir, TargetTokenizer.load(model_dir, trust_remote_code=trust_remote_code))
+
+
+def _greedy(model_dir: Path, prompts, max_new_tokens: int, stop_ids: list[int]) -> list[list[int]]:
     from eagle3_assets.drafter.spec_decode import greedy_generate
+    from eagle3_assets.target.loading import load_causal_lm
 
-    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    stop = target.generation_config.eos_token_id
-    stop = list(stop) if isinstance(stop, (list, tuple)) else [stop]
-    return [greedy_generate(target, p, max_new_tokens=max_new_tokens, stop_ids=stop) for p in prompts]
+    target = load_causal_lm(model_dir)
+    return [greedy_generate(target, p, max_new_tokens=max_new_tokens, stop_ids=stop_ids) for p in prompts]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,8 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 description="A trained recipe's acceptance in vLLM next to the project's evaluator.")
     p.add_argument("recipe")
     p.add_argument("--python", default="", help="the vLLM environment's python (default: .venv-vllm)")
+    p.add_argument("--trust-remote-code", action="store_true", help="the target's tokenizer is code (Kimi's)")
     args = p.parse_args(argv)
-    r = measure_recipe(args.recipe, python=args.python or None)
+    r = measure_recipe(args.recipe, python=args.python or None, trust_remote_code=args.trust_remote_code)
     print(f"{args.recipe}: acceptance length {r['vllm_acceptance_length']:.4f} (vLLM) vs "
           f"{r['project_acceptance_length']:.4f} (project), difference {r['difference']:+.4f}; "
           f"{r['prompts']} prompts, k={r['k']}; output equals greedy: vLLM {r['vllm_matches_greedy']}, "

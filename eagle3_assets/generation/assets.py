@@ -21,6 +21,7 @@ from eagle3_assets.errors import UserInputError
 from eagle3_assets.generation.admission import POLICIES, AdmissionPolicy
 from eagle3_assets.generation.dataset_run import PreparedDataset, missing_line, prepare_dataset, summarize
 from eagle3_assets.generation.samples import SamplingSettings
+from eagle3_assets.generation.tool_calls import TOOLS_SENT, TOOLS_UNUSED, unused_tools_line
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.assets import prompts
@@ -103,6 +104,9 @@ def _metadata(s: dict, store_dir) -> dict:
     if s.get("dead_runs"):
         md["dead_runs"] = md_table(s["dead_runs"])
     md["finish_reasons"] = md_table([{"finish_reason": k, "new": v} for k, v in sorted(s["finish_reasons"].items())])
+    md["new_tool_call_replies"] = s["flags"].get("tool_call_reply", 0)
+    md["new_replies_to_prompts_with_tools"] = s["flags"].get(TOOLS_SENT, 0)
+    md["new_replies_without_a_call_despite_tools"] = s["flags"].get(TOOLS_UNUSED, 0)
     md["errors_by_reason"] = md_table([{"reason": k, "samples": v} for k, v in sorted(s["errors_by_reason"].items())])
     md["plan_before_run (estimate)"] = s["plan_before_run"]
     md["path"] = dg.MetadataValue.path(str(store_dir))
@@ -135,14 +139,18 @@ def raw_responses(
     sampling = SamplingSettings(target=spec.name, temperature=config.temperature, top_p=config.top_p,
                                 seed=config.seed, samples_per_prompt=config.samples_per_prompt)
     backend = None
+    if config.backend in ("sglang", "vllm"):
+        tok = target.load_tokenizer()
+        stops = [tok.end_of_turn_id]  # the template's turn end: K2.5's eos_token_id is not it
     if config.backend == "sglang":
-        backend, client_cfg, limit = (sglang.backend(target.load_tokenizer().render_prompt), sglang.client_config(),
-                                      config.concurrency or sglang.default_in_flight())
+        backend, client_cfg, limit = (sglang.backend(tok.render_prompt, stop_token_ids=stops,
+                                                     parse_tool_calls=tok.parse_tool_calls),
+                                      sglang.client_config(), config.concurrency or sglang.default_in_flight())
     elif config.backend == "openrouter":
         backend, client_cfg, limit = (openrouter.backend(spec.served_name), openrouter.client_config(),
                                       config.concurrency or openrouter.default_in_flight())
     elif config.backend == "vllm":
-        backend, client_cfg, limit = (vllm.backend(target.load_tokenizer().render_prompt, spec.served_name),
+        backend, client_cfg, limit = (vllm.backend(tok.render_prompt, spec.served_name, stop_token_ids=stops),
                                       vllm.client_config(), config.concurrency or vllm.default_in_flight())
     preps = []
     for ds in datasets:
@@ -178,6 +186,9 @@ def raw_responses(
         if s.get("billed_to_dead_runs_usd"):
             context.log.warning(f"{p.dataset}: ${s['billed_to_dead_runs_usd']:.6f} billed to {len(s['dead_runs'])} earlier "
                                 f"run(s) that died, beyond what their replies showed ({s['billed_to_dead_runs_note']})")
+        unused = unused_tools_line(p.dataset, s["flags"])
+        if unused:
+            context.log.warning(unused)
         context.add_asset_metadata(_metadata(s, p.store.dir), partition_key=p.dataset)
     if run is not None and run.client.get("loop_lag_ms_p99", 0.0) > SLOW_LOOP_MS:
         c = run.client

@@ -20,6 +20,7 @@ from eagle3_assets.generation.http_config import Prices
 from eagle3_assets.generation.http_report import BackendUnavailable
 from eagle3_assets.generation.response_store import now_iso
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
+from eagle3_assets.generation.tool_calls import reply_calls, tool_flags
 
 FINISH = {"stop": "stop", "eos": "stop", "end_turn": "stop", "stop_sequence": "stop", "tool_calls": "stop",
           "function_call": "stop", "length": "length", "max_tokens": "length"}
@@ -79,7 +80,9 @@ class SGLangBackend:
     started with ``--api-key``. ``text_options``: SGLang's ``skip_special_tokens``,
     ``spaces_between_special_tokens`` and ``no_stop_trim``, sent in every request's sampling
     params (default: the text closest to the ids, see ``TEXT_OPTIONS``) and recorded in each
-    row's flags when they differ from that default.
+    row's flags when they differ from that default. ``parse_tool_calls(output_ids)`` reads the
+    calls a reply makes from its ids (the target's own format; e.g. ``TargetTokenizer.parse_tool_calls``),
+    kept structured on the row: ``/generate`` parses nothing itself.
     """
 
     TEXT_OPTIONS = {"skip_special_tokens": False, "spaces_between_special_tokens": False, "no_stop_trim": False}
@@ -88,7 +91,8 @@ class SGLangBackend:
 
     def __init__(self, base_urls, render_prompt: Callable[[list], list[int]], *, model: str | None = None,
                  sampling_params: dict | None = None, extra: dict | None = None, api_key: str | None = None,
-                 health_check: bool = True, repair_prefix_bug: bool = True, text_options: dict | None = None):
+                 health_check: bool = True, repair_prefix_bug: bool = True, text_options: dict | None = None,
+                 parse_tool_calls: Callable[[list[int]], list[dict] | None] | None = None):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("SGLangBackend needs at least one base URL")
@@ -101,6 +105,7 @@ class SGLangBackend:
         self.redact = _redactor(api_key)
         self.health_check = health_check
         self.repair_prefix_bug = repair_prefix_bug
+        self.parse_tool_calls = parse_tool_calls
         self.server_info: dict = {}
         unknown = set(text_options or {}) - set(self.TEXT_OPTIONS)
         if unknown:
@@ -116,7 +121,7 @@ class SGLangBackend:
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 
     def prepare(self, req: SampleRequest, *, max_tokens: int, sampling: SamplingSettings) -> Prepared:
-        ids = list(self.render_prompt(req.messages))
+        ids = req.render(self.render_prompt)  # tools rendered into the ids by the target's template
         sp = {"max_new_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p}
         if sampling.temperature > 0:
             sp["sampling_seed"] = sample_seed(sampling, req)
@@ -162,11 +167,14 @@ class SGLangBackend:
         fr = meta.get("finish_reason")
         kind = fr.get("type") if isinstance(fr, dict) else str(fr)
         finish = FINISH.get(kind, "error")
+        calls = self.parse_tool_calls(output_ids) if self.parse_tool_calls else None
+        flags += tool_flags(prepared.req, calls)
         row = _base_row(prepared.req, self.source)
         row.update({
             "model": self.model or self.server_info.get("model_path") or "sglang", "provider": base_url,
             "prompt_ids": prepared.prompt_ids, "output_ids": output_ids, "text": data.get("text"),
-            "reasoning": None, "finish_reason": finish, "prompt_tokens": meta.get("prompt_tokens", len(prepared.prompt_ids)),
+            "reasoning": None, "tool_calls": calls, "finish_reason": finish,
+            "prompt_tokens": meta.get("prompt_tokens", len(prepared.prompt_ids)),
             "completion_tokens": ct, "cost_usd": 0.0, "latency_s": round(latency_s, 4), "attempts": attempts,
             "created_at": now_iso(), "reasoning_tokens": meta.get("reasoning_tokens") or 0,
             "native_finish_reason": json.dumps(fr) if isinstance(fr, dict) else fr, "generation_id": meta.get("id"),
@@ -214,6 +222,8 @@ class OpenRouterBackend:
     ``allow_fallbacks``, ``require_parameters``, ``quantizations``...); ``reasoning`` the reasoning
     object (``{"effort": "high"}``, ``{"max_tokens": N}``, ``{"enabled": False}``). ``prices``
     (USD per token) feed only pre-run *estimates*; rows record the billed ``usage.cost``.
+    A prompt with tools sends them, and routing then asks for ``require_parameters`` (unless the
+    ``provider`` object says otherwise), so no provider that would drop ``tools`` serves it.
     """
 
     source = "openrouter"
@@ -259,6 +269,9 @@ class OpenRouterBackend:
             payload["seed"] = sample_seed(sampling, req)
         if self.provider:
             payload["provider"] = self.provider
+        if req.tools:
+            payload["tools"] = req.tools
+            payload["provider"] = {"require_parameters": True, **(self.provider or {})}
         if self.reasoning is not None:
             payload["reasoning"] = self.reasoning
         payload.update(self.extra_body)
@@ -294,11 +307,13 @@ class OpenRouterBackend:
         if reasoning is None and msg.get("reasoning_details"):
             reasoning = "".join(d.get("text") or d.get("summary") or "" for d in msg["reasoning_details"]
                                 if isinstance(d, dict)) or None
+        calls = reply_calls(msg.get("tool_calls"))
+        flags += tool_flags(prepared.req, calls)
         row = _base_row(prepared.req, self.source)
         row.update({
             "model": data.get("model") or self.model, "provider": data.get("provider"),
             "prompt_ids": None, "output_ids": None, "text": msg.get("content"), "reasoning": reasoning,
-            "finish_reason": finish, "prompt_tokens": usage.get("prompt_tokens"),
+            "tool_calls": calls, "finish_reason": finish, "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": usage.get("completion_tokens"),  # reasoning tokens included
             "cost_usd": cost, "latency_s": round(latency_s, 4), "attempts": attempts, "created_at": now_iso(),
             "reasoning_tokens": details.get("reasoning_tokens") or 0, "native_finish_reason": c0.get("native_finish_reason"),

@@ -111,7 +111,7 @@ def summarize(p: PreparedDataset, backend: str, rep) -> dict:
         "retries": dict(rep.retries) if http else {},
         "errors_by_reason": dict(rep.errors_by_reason) if http else {},
         "finish_reasons": dict(rep.finish_reasons),
-        "flags": dict(rep.flags) if http else {},
+        "flags": dict(rep.flags),
         "cost_usd_new": cost_new, "billed_usd_new": billed_new,
         "billed_unseen_usd_new": rep.billed_unseen_usd if http else 0.0,
         "billed_to_dead_runs_usd": dead,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from eagle3_assets.generation.budget import TokenBudget
 from eagle3_assets.generation.response_store import ResponseStore, now_iso
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
+from eagle3_assets.generation.tool_calls import tool_flags
 
 SOURCE = "local"
 MAX_PADDING = 0.25  # padded positions allowed, as a share of the batch's prompt + new-token positions
@@ -62,6 +63,7 @@ class GenerationReport:
     prompt_tokens: int = 0
     seconds: float = 0.0
     finish_reasons: Counter = field(default_factory=Counter)
+    flags: Counter = field(default_factory=Counter)  # e.g. tools_sent, tools_unused (as the HTTP report)
     left_by_budget: int = 0
 
     @property
@@ -86,7 +88,7 @@ def generate_local(
     report = GenerationReport(planned=len(requests), already_done=len(requests) - len(todo))
     if not todo:
         return report
-    rendered = [(r, model.render_prompt(r.messages)) for r in todo]
+    rendered = [(r, r.render(model.render_prompt)) for r in todo]
     batches = length_batches([len(ids) for _, ids in rendered], batch_size, max_new_tokens=max_new_tokens)
     start = time.perf_counter()
     started = 0  # samples handed to the model so far
@@ -120,18 +122,21 @@ def _generate_batch(model, batch, writer, settings: SamplingSettings, budget: To
     )
     latency = time.perf_counter() - t0
     rows = []
+    parse = getattr(getattr(model, "target_tokenizer", None), "parse_tool_calls", None)
     for (req, prompt_ids), gen in zip(batch, outs):
         budget.settle(max_new_tokens, len(gen.output_ids))
+        calls = parse(gen.output_ids) if parse else None
         rows.append({
             "sample_id": req.sample_id, "dataset": req.dataset, "prompt_id": req.prompt_id,
             "sample_index": req.sample_index, "source": SOURCE, "model": model.name,
             "provider": "embedded", "prompt_ids": prompt_ids, "output_ids": gen.output_ids,
-            "text": gen.text, "reasoning": None, "finish_reason": gen.finish_reason,
+            "text": gen.text, "reasoning": None, "tool_calls": calls, "finish_reason": gen.finish_reason,
             "prompt_tokens": len(prompt_ids), "completion_tokens": len(gen.output_ids),
             "cost_usd": 0.0, "latency_s": round(latency, 4), "attempts": 1, "created_at": now_iso(),
-            "flags": [],
+            "flags": tool_flags(req, calls),
         })
         report.finish_reasons[gen.finish_reason] += 1
+        report.flags.update(rows[-1]["flags"])
         report.completion_tokens += len(gen.output_ids)
         report.prompt_tokens += len(prompt_ids)
     writer.write_batch(rows)

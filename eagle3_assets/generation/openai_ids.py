@@ -19,6 +19,12 @@ Two request shapes:
 A server that ignores ``return_token_ids`` (no ids in the reply) fails the sample with
 ``no_token_ids`` instead of silently writing text-only rows: pick the ``openrouter`` backend for
 text-only servers.
+
+Tools: the chat endpoint sends the prompt's ``tools`` (vLLM renders them with the target's own
+template and parses the reply's calls with ``--tool-call-parser``; ``message.tool_calls`` is kept
+on the row, the ids stay the model's own); the completions endpoint has them in its rendered ids.
+``stop_token_ids`` (the target's end of turn) is sent with every request: a target whose
+``eos_token_id`` is not its end of turn (Kimi-K2.5) would otherwise decode past the turn.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from eagle3_assets.generation.classify import Outcome, classify, parse_json
 from eagle3_assets.generation.http_report import BackendUnavailable
 from eagle3_assets.generation.response_store import now_iso
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
+from eagle3_assets.generation.tool_calls import reply_calls, tool_flags
 
 ENDPOINTS = {"chat": "/chat/completions", "completions": "/completions"}
 
@@ -46,7 +53,7 @@ class OpenAIIdsBackend:
 
     def __init__(self, base_urls, *, model: str = "", render_prompt: Callable[[list], list[int]] | None = None,
                  endpoint: str = "chat", api_key: str | None = None, extra_body: dict | None = None,
-                 source: str = "vllm", preferred_model: str = ""):
+                 source: str = "vllm", preferred_model: str = "", stop_token_ids: list[int] | None = None):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("OpenAIIdsBackend needs at least one base URL")
@@ -63,6 +70,7 @@ class OpenAIIdsBackend:
         self._api_key = api_key
         self.redact = _redactor(api_key)
         self.extra_body = dict(extra_body or {})
+        self.stop_token_ids = list(stop_token_ids or [])
 
     def __repr__(self) -> str:
         return f"OpenAIIdsBackend(base_urls={self.base_urls!r}, model={self.model!r}, endpoint={self.endpoint!r})"
@@ -71,11 +79,15 @@ class OpenAIIdsBackend:
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 
     def prepare(self, req: SampleRequest, *, max_tokens: int, sampling: SamplingSettings) -> Prepared:
-        local_ids = list(self.render_prompt(req.messages)) if self.render_prompt is not None else None
+        local_ids = req.render(self.render_prompt) if self.render_prompt is not None else None
         payload = {"model": self.model, "max_tokens": max_tokens, "temperature": sampling.temperature,
                    "top_p": sampling.top_p, "stream": False, "return_token_ids": True}
+        if self.stop_token_ids:
+            payload["stop_token_ids"] = self.stop_token_ids
         if self.endpoint == "chat":
             payload["messages"] = req.messages
+            if req.tools:
+                payload["tools"] = req.tools
         else:
             payload["prompt"] = local_ids
         if sampling.temperature > 0:
@@ -124,11 +136,13 @@ class OpenAIIdsBackend:
         msg = c0.get("message") or {}
         text = msg.get("content") if self.endpoint == "chat" else c0.get("text")
         reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+        calls = reply_calls(msg.get("tool_calls"))
+        flags += tool_flags(prepared.req, calls)
         row = _base_row(prepared.req, self.source)
         row.update({
             "model": data.get("model") or self.model, "provider": base_url,
             "prompt_ids": prompt_ids, "output_ids": output_ids, "text": text, "reasoning": reasoning,
-            "finish_reason": finish, "prompt_tokens": usage.get("prompt_tokens", len(prompt_ids)),
+            "tool_calls": calls, "finish_reason": finish, "prompt_tokens": usage.get("prompt_tokens", len(prompt_ids)),
             "completion_tokens": ct, "cost_usd": 0.0, "latency_s": round(latency_s, 4), "attempts": attempts,
             "created_at": now_iso(), "reasoning_tokens": 0,
             "native_finish_reason": c0.get("stop_reason") if c0.get("stop_reason") is not None else fr,

@@ -23,7 +23,7 @@ from pathlib import Path
 # The response row contract (the README's "The graph"); writers fill every key.
 RESPONSE_FIELDS = (
     "sample_id", "dataset", "prompt_id", "sample_index", "source", "model", "provider",
-    "prompt_ids", "output_ids", "text", "reasoning", "finish_reason",
+    "prompt_ids", "output_ids", "text", "reasoning", "tool_calls", "finish_reason",
     "prompt_tokens", "completion_tokens", "reasoning_tokens", "cost_usd", "latency_s", "attempts", "created_at",
     "native_finish_reason", "generation_id", "flags",
 )

@@ -43,6 +43,11 @@ class SampleRequest:
     prompt_id: str
     sample_index: int
     messages: list
+    tools: list | None = None  # the prompt's declarations (OpenAI shape), sent to or rendered for the target
+
+    def render(self, render_prompt) -> list[int]:
+        """The prompt's ids by ``render_prompt(messages[, tools])`` (the target's chat template)."""
+        return list(render_prompt(self.messages, self.tools) if self.tools else render_prompt(self.messages))
 
 
 def plan_samples(dataset: str, prompts, settings: SamplingSettings) -> list[SampleRequest]:
@@ -51,5 +56,5 @@ def plan_samples(dataset: str, prompts, settings: SamplingSettings) -> list[Samp
     for p in prompts:
         for k in range(settings.samples_per_prompt):
             sid = sample_id(dataset, p.prompt_id, settings.identity(k))
-            out.append(SampleRequest(sid, dataset, p.prompt_id, k, p.messages))
+            out.append(SampleRequest(sid, dataset, p.prompt_id, k, p.messages, p.tools))
     return out

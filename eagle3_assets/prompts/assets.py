@@ -23,6 +23,9 @@ class PromptsConfig(dg.Config):
     # a prompt whose rendered length + dataset_settings' context reserve exceeds the target's context:
     # "refuse" (a bad row), "skip" it, or "truncate" its last user turn in the middle
     over_context: Literal["refuse", "skip", "truncate"] = "refuse"
+    # a target whose chat template renders no tools: write a row's tools into its system turn instead
+    # of refusing the row (also `tools_in_system_turn` in the dataset's .read.json)
+    tools_in_system_turn: bool = False
 
 
 class _Progress:
@@ -48,8 +51,8 @@ def _failure(e: UserInputError) -> dg.Failure:
     partitions_def=datasets_partitions,
     group_name="prompts",
     kinds={"parquet"},
-    description="Prompt rows of prompts/<dataset>.{jsonl,jsonl.gz,parquet} (OpenAI or ShareGPT style, or mapped "
-                "columns) with stable ids and their length with the target's chat template.",
+    description="Prompt rows of prompts/<dataset>.{jsonl,jsonl.gz,parquet} (OpenAI, ShareGPT or glaive style, tools "
+                "included, or mapped columns) with stable ids and their length with the target's chat template.",
 )
 def prompts(context: dg.AssetExecutionContext, config: PromptsConfig, storage: StorageResource,
             target: TargetResource, dataset_settings: DatasetSettings) -> dg.MaterializeResult:
@@ -70,7 +73,8 @@ def prompts(context: dg.AssetExecutionContext, config: PromptsConfig, storage: S
                                  f"all of the target's context of {limit.context_length:,}")
         context.log.info(f"{reader.path}: reading; target context {limit.context_length or 'unknown'}, "
                          f"{limit.reserve:,} tokens reserved for the reply, over_context: {config.over_context}")
-        report = build_prompt_table(reader, tok, limit, config.over_context, out, progress=_Progress(context))
+        report = build_prompt_table(reader, tok, limit, config.over_context, out, progress=_Progress(context),
+                                    tools_in_system_turn=config.tools_in_system_turn or options.tools_in_system_turn)
     except UserInputError as e:
         raise _failure(e) from None
     if reader.skipped:
@@ -80,7 +84,7 @@ def prompts(context: dg.AssetExecutionContext, config: PromptsConfig, storage: S
                             f"{report.skipped_over_context:,} skipped")
     lengths = report.length_figures()
     preview = [{"prompt_id": r["prompt_id"], "turns": r["turns"], "prompt_tokens": r["prompt_tokens"],
-                "last user turn": json.loads(r["messages"])[-1]["content"]}
+                "last turn": json.loads(r["messages"])[-1]["content"]}
                for r in pl.scan_parquet(out).head(5).collect().iter_rows(named=True)]
     return dg.MaterializeResult(
         metadata={
@@ -98,6 +102,7 @@ def prompts(context: dg.AssetExecutionContext, config: PromptsConfig, storage: S
             "truncated": report.truncated,
             "skipped_over_context": report.skipped_over_context,
             "over_context_rows": md_table(report.over_examples),
+            **report.tool_figures(),
             "source": dg.MetadataValue.path(str(reader.path)),
             "seconds": round(report.seconds, 2),
             "preview": md_table(preview),

@@ -20,10 +20,12 @@ from eagle3_assets.prompts.context import ContextLimit, OverContext, rendered_le
 from eagle3_assets.prompts.reader import PromptReader
 from eagle3_assets.prompts.rows import Prompt
 from eagle3_assets.prompts.table import PromptTableWriter
+from eagle3_assets.prompts.tools import declare_in_system_turn, has_tool_content, tool_figures
 
 CHUNK_ROWS = 1024
 TOO_LONG = "too long for the target's context"
 TEMPLATE_REFUSED = "refused by the chat template"
+NO_TOOL_TEMPLATE = "tools the target's chat template cannot render"
 
 
 @dataclass
@@ -37,6 +39,27 @@ class BuildReport:
     seconds: float = 0.0
     lengths: array = field(default_factory=lambda: array("i"))  # every measured prompt, before truncation
     over_examples: list[dict] = field(default_factory=list)
+    rows_with_tools: int = 0  # prompts that declare tools
+    rows_with_tool_calls: int = 0  # prompts whose history holds calls
+    tool_calls: int = 0
+    max_tool_calls: int = 0  # in one prompt
+    tool_results: int = 0  # tool-result turns
+    tools_in_system_turn: int = 0  # prompts whose tools were written into the system turn (opted in)
+
+    def count_tools(self, prompt: Prompt) -> None:
+        f = tool_figures(prompt.messages, prompt.tools)
+        self.rows_with_tools += f["tools"] > 0
+        self.rows_with_tool_calls += f["tool_calls"] > 0
+        self.tool_calls += f["tool_calls"]
+        self.max_tool_calls = max(self.max_tool_calls, f["tool_calls"])
+        self.tool_results += f["tool_results"]
+
+    def tool_figures(self) -> dict:
+        """The ``prompts`` metadata about tools."""
+        return {"rows_with_tools": self.rows_with_tools, "rows_with_tool_calls": self.rows_with_tool_calls,
+                "tool_calls": self.tool_calls, "tool_calls_per_row_mean": round(self.tool_calls / self.written, 3)
+                if self.written else 0.0, "tool_calls_per_row_max": self.max_tool_calls,
+                "tool_result_turns": self.tool_results, "tools_in_system_turn": self.tools_in_system_turn}
 
     def length_figures(self) -> dict:
         if not self.lengths:
@@ -54,14 +77,20 @@ def _chunks(prompts: Iterator[Prompt], size: int) -> Iterator[list[Prompt]]:
 
 
 def build_prompt_table(reader: PromptReader, tok, limit: ContextLimit, over_context: OverContext, out: Path, *,
-                       chunk_rows: int = CHUNK_ROWS, progress: Callable[[BuildReport], None] | None = None) -> BuildReport:
-    """Write ``out`` from ``reader``'s file; raises the reader's summary when the file is refused."""
+                       tools_in_system_turn: bool = False, chunk_rows: int = CHUNK_ROWS,
+                       progress: Callable[[BuildReport], None] | None = None) -> BuildReport:
+    """Write ``out`` from ``reader``'s file; raises the reader's summary when the file is refused.
+
+    Tools are never dropped: for a target whose chat template renders none (SmolLM2), a row with
+    tools or tool turns is refused, or, with ``tools_in_system_turn``, rewritten with the
+    declarations in its system turn (:func:`declare_in_system_turn`)."""
     report, start = BuildReport(), time.perf_counter()
     max_tokens = limit.max_prompt_tokens
     with PromptTableWriter(out) as writer:
         for chunk in _chunks(iter(reader), chunk_rows):
             keep = []
-            for prompt, n in zip(chunk, rendered_lengths(tok, [p.messages for p in chunk])):
+            chunk = _fit_tools(reader, tok, chunk, tools_in_system_turn, report)
+            for prompt, n in zip(chunk, rendered_lengths(tok, [p.messages for p in chunk], [p.tools for p in chunk])):
                 if isinstance(n, str):
                     reader.reject(prompt, "(prompt)", n, TEMPLATE_REFUSED)
                     continue
@@ -74,6 +103,8 @@ def build_prompt_table(reader: PromptReader, tok, limit: ContextLimit, over_cont
                 fitted = _fit(reader, tok, limit, over_context, prompt, report)
                 if fitted is not None:
                     keep.append(fitted)
+            for prompt in keep:
+                report.count_tools(prompt)
             if not reader.log or reader.skip_invalid:  # a file about to be refused is not written on
                 writer.write(keep)
             report.rows = reader.rows
@@ -84,6 +115,25 @@ def build_prompt_table(reader: PromptReader, tok, limit: ContextLimit, over_cont
         report.bytes = writer.commit()
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _fit_tools(reader: PromptReader, tok, chunk: list[Prompt], in_system_turn: bool, report: BuildReport) -> list[Prompt]:
+    """The chunk as the target can render it: unchanged when its template renders tools."""
+    if tok.supports_tools or not any(has_tool_content(p.messages, p.tools) for p in chunk):
+        return chunk
+    out = []
+    for p in chunk:
+        if not has_tool_content(p.messages, p.tools):
+            out.append(p)
+        elif in_system_turn:
+            p.messages, p.tools = declare_in_system_turn(p.messages, p.tools), None
+            report.tools_in_system_turn += 1
+            out.append(p)
+        else:
+            reader.reject(p, "tools" if p.tools else "(prompt)", f"the row has tools or tool turns, but the chat "
+                          f"template of {tok.name} renders no tools and would drop them; set tools_in_system_turn: "
+                          "true (add-dataset --tools-in-system-turn) to write them into the system turn", NO_TOOL_TEMPLATE)
+    return out
 
 
 def _fit(reader: PromptReader, tok, limit: ContextLimit, over_context: OverContext, prompt: Prompt,

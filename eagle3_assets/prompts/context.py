@@ -37,26 +37,38 @@ def _render_kwargs(tok) -> dict:
     return dict(tokenize=True, add_generation_prompt=True, return_dict=True, **tok.template_kwargs())
 
 
-def rendered_lengths(tok, conversations: list[list[dict]]) -> list[int | str]:
+def rendered_lengths(tok, conversations: list[list[dict]], tools: list[list[dict] | None] | None = None) -> list[int | str]:
     """Each conversation's rendered prompt length, or why the chat template refuses it.
 
-    One batched call (the fast tokenizers encode a batch in parallel); only when the template
-    raises for some conversation is the chunk redone one by one to name it.
+    Conversations without tools go through one batched call (the fast tokenizers encode a batch in
+    parallel; only when the template raises for some conversation is the batch redone one by one
+    to name it); those with tools, whose declarations differ from row to row, one by one.
     """
+    tools = tools or [None] * len(conversations)
+    out: list[int | str] = [0] * len(conversations)
+    plain = [i for i, t in enumerate(tools) if not t]
+    for i, n in zip(plain, _batched_lengths(tok, [conversations[i] for i in plain])):
+        out[i] = n
+    for i in (i for i, t in enumerate(tools) if t):
+        out[i] = _one_length(tok, conversations[i], tools[i])
+    return out
+
+
+def _batched_lengths(tok, conversations: list[list[dict]]) -> list[int | str]:
     if not conversations:
         return []
     try:
         ids = tok.tokenizer.apply_chat_template(conversations, **_render_kwargs(tok))["input_ids"]
         return [len(x) for x in ids]
     except Exception:  # a template's raise_exception() (e.g. roles must alternate) or a bad turn
-        pass
-    out: list[int | str] = []
-    for conv in conversations:
-        try:
-            out.append(len(tok.render_prompt(conv)))
-        except Exception as e:  # jinja2's TemplateError and whatever a template raises
-            out.append(f"the target's chat template refuses it: {str(e).strip() or type(e).__name__}")
-    return out
+        return [_one_length(tok, conv, None) for conv in conversations]
+
+
+def _one_length(tok, conversation: list[dict], tools: list[dict] | None) -> int | str:
+    try:
+        return len(tok.render_prompt(conversation, tools))
+    except Exception as e:  # jinja2's TemplateError and whatever a template raises
+        return f"the target's chat template refuses it: {str(e).strip() or type(e).__name__}"
 
 
 def truncate_last_turn(tok, prompt: Prompt, max_tokens: int) -> Prompt | None:
@@ -79,5 +91,5 @@ def truncate_last_turn(tok, prompt: Prompt, max_tokens: int) -> Prompt | None:
         keep = len(content) - cut
         content = content[: keep - keep // 2] + content[len(content) - keep // 2:]
         content_tokens = len(tok.tokenizer(content, add_special_tokens=False)["input_ids"])
-        n = len(tok.render_prompt([*history, {**last, "content": content}]))
+        n = len(tok.render_prompt([*history, {**last, "content": content}], prompt.tools))
     return None

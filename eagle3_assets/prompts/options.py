@@ -1,6 +1,7 @@
 """How to read one dataset's prompt file: which columns hold what, and what to do with odd rows.
 
-Most files need nothing: OpenAI rows (``messages``) and ShareGPT rows (``conversations``) are
+Most files need nothing: OpenAI rows (``messages``, with ``tools``), ShareGPT rows
+(``conversations``, with ``tools``) and glaive-function-calling rows (``system`` and ``chat``) are
 recognized by themselves. A dataset whose columns differ (Alpaca's ``instruction``/``input``,
 a ``question`` column, an id called ``uid``) gets a column map, given on the command line as
 ``--map user=instruction+input --map id=uid`` and kept next to the file as
@@ -28,7 +29,9 @@ class ColumnMap(BaseModel):
     messages: str = "messages"  # OpenAI style: [{"role", "content"}, ...]
     conversations: str = "conversations"  # ShareGPT style: [{"from", "value"}, ...]
     user: list[str] = Field(default_factory=list)  # text columns joined (blank line between) into the user turn
-    system: str | None = None  # a text column that becomes the system turn
+    system: str | None = None  # a text column that becomes the system turn (glaive: its system text, "system")
+    tools: str = "tools"  # tool declarations: a list, or JSON text of one (ShareGPT's tools column)
+    chat: str | None = None  # glaive's chat text ("USER: ... ASSISTANT: ..."); naming it reads rows as glaive
 
     @field_validator("user", mode="before")
     @classmethod
@@ -50,6 +53,9 @@ class ReadOptions(BaseModel):
     # becomes the prompt for that turn, whose reply the target regenerates; "refuse": a bad row.
     final_assistant: Literal["refuse", "drop"] = "refuse"
     skip_invalid_rows: bool = False  # skip and count bad rows instead of refusing the file
+    # for a target whose chat template renders no tools (SmolLM2): write a row's declarations and calls
+    # into its text (system turn, assistant turns) instead of refusing the row
+    tools_in_system_turn: bool = False
 
     @property
     def is_default(self) -> bool:
@@ -71,7 +77,7 @@ class ReadOptions(BaseModel):
                                  f"see 'Prompt files as you have them' in the README") from None
 
 
-MAP_KEYS = ("id", "messages", "conversations", "user", "system")
+MAP_KEYS = ("id", "messages", "conversations", "user", "system", "tools", "chat")
 
 
 def parse_column_map(items: list[str]) -> ColumnMap:

@@ -1,10 +1,12 @@
-"""One row of a prompt file to one prompt: OpenAI, ShareGPT or mapped text columns, one shape out.
+"""One row of a prompt file to one prompt: OpenAI, ShareGPT, glaive or mapped text columns, one shape out.
 
-Every prompt becomes ``(prompt_id, messages)`` with string contents and roles
-``system``/``user``/``assistant``, the last turn the user's. OpenAI content given as a list of
-parts (``[{"type": "text", "text": ...}]``, as the API accepts it) is joined into one string with
-newlines between the parts, the way vLLM flattens text parts, so every backend receives the same
-text; a non-text part (image, audio, file) is refused, since the drafter is trained on text.
+Every prompt becomes ``(prompt_id, messages, tools)`` with string contents and roles
+``system``/``user``/``assistant``/``tool``, the last turn the user's or a tool result's. OpenAI
+content given as a list of parts (``[{"type": "text", "text": ...}]``, as the API accepts it) is
+joined into one string with newlines between the parts, the way vLLM flattens text parts, so every
+backend receives the same text; a non-text part (image, audio, file) is refused, since the drafter
+is trained on text. Tool declarations, calls and results are kept structured, in OpenAI's shape
+(:mod:`eagle3_assets.prompts.tools`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from eagle3_assets.prompts.glaive import call_from_text, glaive_conversation, is_glaive_row
 from eagle3_assets.prompts.options import ColumnMap
 from eagle3_assets.prompts.problems import RowError
+from eagle3_assets.prompts.tools import ToolTurns, read_tools, result_text
 
 SHAREGPT_ROLES = {
     "system": "system",
@@ -26,9 +30,13 @@ SHAREGPT_ROLES = {
     "bing": "assistant",
     "bard": "assistant",
     "model": "assistant",
+    # tool turns: LLaMA-Factory's and glaive-derived ShareGPT files
+    "function_call": "call", "function-call": "call", "tool_call": "call",
+    "observation": "tool", "function-response": "tool", "function_response": "tool", "tool": "tool",
 }
-CHAT_ROLES = {"system", "user", "assistant"}
-ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system turn
+CHAT_ROLES = {"system", "user", "assistant", "tool"}
+ROLE_ALIASES = {"developer": "system", "function": "tool"}  # OpenAI's newer name for system; its legacy result role
+LAST_ROLES = ("user", "tool")  # what a prompt may end with: the target answers either
 TEXT_PART_TYPES = ("text", "input_text")
 PART_SEPARATOR = "\n"
 COLUMN_SEPARATOR = "\n\n"
@@ -39,14 +47,16 @@ class Prompt:
     prompt_id: str
     messages: list[dict]
     line: int  # line (JSONL) or row (Parquet) of the prompt file, 1-based
+    tools: list[dict] | None = None  # declarations in OpenAI's shape, None when the row has none
     prompt_tokens: int | None = None  # rendered with the target's chat template, when measured
     truncated: bool = False  # the last user turn was shortened to fit the target's context
     dropped_replies: int = 0  # final assistant turns left out (final_assistant: drop); not stored
 
 
-def content_hash_id(messages: list[dict]) -> str:
-    """Stable id for a row without one: a hash of its canonical messages."""
-    canon = json.dumps(messages, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+def content_hash_id(messages: list[dict], tools: list[dict] | None = None) -> str:
+    """Stable id for a row without one: a hash of its canonical messages (and tools, when it has some)."""
+    canon = json.dumps(messages if not tools else [messages, tools], ensure_ascii=False, sort_keys=True,
+                       separators=(",", ":"))
     return "h" + hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
 
 
@@ -78,25 +88,46 @@ def _kind(v) -> str:
 def _turns(raw, where: str, speaker_key: str, text_key: str, shape: str) -> list[dict]:
     if not isinstance(raw, list) or not raw:
         raise RowError(where, f"must be a non-empty list of {shape} objects", "no messages")
-    out = []
+    out: list[dict] = []
+    ledger = ToolTurns()
     sharegpt = speaker_key == "from"
     for i, m in enumerate(raw):
+        at = f"{where}[{i}]"
         if not isinstance(m, dict):
-            raise RowError(f"{where}[{i}]", f"must be an object with {shape}", "no messages")
+            raise RowError(at, f"must be an object with {shape}", "no messages")
         # ShareGPT files also come with OpenAI keys inside ``conversations``; take either
         skey, tkey = (speaker_key, text_key) if speaker_key in m or "role" not in m else ("role", "content")
         who = m.get(skey)
         if sharegpt:
             role = SHAREGPT_ROLES.get(str(who).lower()) if who is not None else None
             if role is None:
-                raise RowError(f"{where}[{i}].{skey}", f"unknown speaker {who!r} (expected human/gpt/system)",
-                               "unknown role")
+                raise RowError(f"{at}.{skey}", f"unknown speaker {who!r} (expected human/gpt/system, or "
+                                               "function_call/observation for tool turns)", "unknown role")
         else:
             role = ROLE_ALIASES.get(who, who)
             if role not in CHAT_ROLES:
-                raise RowError(f"{where}[{i}].role", f"unknown role {who!r} (expected one of {sorted(CHAT_ROLES)})",
+                raise RowError(f"{at}.role", f"unknown role {who!r} (expected one of {sorted(CHAT_ROLES)})",
                                "unknown role")
-        out.append({"role": role, "content": content_text(m.get(tkey), f"{where}[{i}].{tkey}")})
+        if role == "call":  # a ShareGPT call turn: the assistant's, joined to its text turn just before
+            calls = ledger.calls_of(call_from_text(m.get(tkey), f"{at}.{tkey}"), f"{at}.{tkey}")
+            if out and out[-1]["role"] == "assistant" and not out[-1].get("tool_calls"):
+                out[-1]["tool_calls"] = calls
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": calls})
+        elif role == "tool":
+            content = result_text(m.get(tkey), f"{at}.{tkey}")
+            msg = {"role": "tool", "tool_call_id": ledger.answer(m.get("tool_call_id"), f"{at}.tool_call_id"),
+                   "content": content}
+            if isinstance(m.get("name"), str) and m["name"]:
+                msg["name"] = m["name"]
+            out.append(msg)
+        elif role == "assistant" and (m.get("tool_calls") or m.get("function_call")):
+            content = m.get(tkey)
+            calls = m.get("tool_calls") or m["function_call"]  # function_call: OpenAI's legacy single call
+            out.append({"role": "assistant", "content": "" if content is None else content_text(content, f"{at}.{tkey}"),
+                        "tool_calls": ledger.calls_of(calls, f"{at}.tool_calls")})
+        else:
+            out.append({"role": role, "content": content_text(m.get(tkey), f"{at}.{tkey}")})
     return out
 
 
@@ -125,6 +156,7 @@ def _system_from_column(row: dict, cols: ColumnMap, messages: list[dict]) -> lis
 def parse_row(row: dict, number: int, cols: ColumnMap | None = None, *, drop_final_assistant: bool = False) -> Prompt:
     """One row as a :class:`Prompt`, or :class:`RowError` naming the field."""
     cols = cols or ColumnMap()
+    tools = read_tools(row.get(cols.tools), cols.tools)
     if cols.user:
         messages, where = _from_columns(row, cols)
         last_field = where
@@ -135,9 +167,15 @@ def parse_row(row: dict, number: int, cols: ColumnMap | None = None, *, drop_fin
         elif row.get(cols.conversations) is not None:
             where = cols.conversations
             messages = _turns(row[where], where, "from", "value", "'from' and 'value'")
+        elif is_glaive_row(row, cols):
+            where = cols.chat or "chat"
+            system, turns, declared = glaive_conversation(row, cols)
+            messages = system + _turns(turns, where, "role", "content", "turn")
+            tools = declared
         else:
             raise RowError(cols.messages, f"row has neither {cols.messages!r} (OpenAI style) nor {cols.conversations!r} "
-                                          "(ShareGPT); name your columns with --map", "no messages")
+                                          "(ShareGPT) nor glaive's 'system' and 'chat'; name your columns with --map",
+                           "no messages")
         last_field = None
     dropped = 0
     if drop_final_assistant:
@@ -146,22 +184,23 @@ def parse_row(row: dict, number: int, cols: ColumnMap | None = None, *, drop_fin
         if not messages:
             raise RowError(where, "has no user turn, only the assistant's", "last turn is not the user's")
     last_field = last_field or f"{where}[{len(messages) - 1}]"
-    if messages[-1]["role"] != "user":
+    if messages[-1]["role"] not in LAST_ROLES:
         got = messages[-1]["role"]
         hint = ("; to regenerate that reply, read the file with final_assistant: drop (--drop-final-assistant)"
                 if got == "assistant" else "")
-        raise RowError(last_field, f"the last turn must be the user's, got {got!r}{hint}", "last turn is not the user's")
-    if not messages[-1]["content"].strip():
+        raise RowError(last_field, f"the last turn must be the user's (or a tool result), got {got!r}{hint}",
+                       "last turn is not the user's")
+    if messages[-1]["role"] == "user" and not messages[-1]["content"].strip():
         raise RowError(last_field, "the last user turn is empty", "empty user turn")
     if cols.system:
         messages = _system_from_column(row, cols, messages)
-    return Prompt(prompt_id=_prompt_id(row.get(cols.id), messages, cols.id), messages=messages, line=number,
-                  dropped_replies=dropped)
+    return Prompt(prompt_id=_prompt_id(row.get(cols.id), messages, tools, cols.id), messages=messages, line=number,
+                  tools=tools, dropped_replies=dropped)
 
 
-def _prompt_id(pid, messages: list[dict], field: str) -> str:
+def _prompt_id(pid, messages: list[dict], tools: list[dict] | None, field: str) -> str:
     if pid is None:
-        return content_hash_id(messages)
+        return content_hash_id(messages, tools)
     if isinstance(pid, float) and pid.is_integer():  # integer ids that went through pandas
         pid = int(pid)
     if isinstance(pid, (str, int)) and not isinstance(pid, bool) and str(pid).strip():

@@ -114,14 +114,17 @@ class PromptSource:
         """The columns to read; refuses a map that names a column the file lacks."""
         cols = self.columns
         shown = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
-        named = [*cols.user, *([cols.system] if cols.system else [])]
+        named = [*cols.user, *([cols.system] if cols.system else []), *([cols.chat] if cols.chat else [])]
         missing = [c for c in named if c not in names]
         if missing:
             raise PromptFileError(f"{self.path}: no column {', '.join(map(repr, missing))} (the column map names it); "
                                   f"the file has: {shown}")
-        if not cols.user and cols.messages not in names and cols.conversations not in names:
+        glaive = cols.chat or "chat" in names
+        if not cols.user and cols.messages not in names and cols.conversations not in names and not glaive:
             raise PromptFileError(
                 f"{self.path}: neither a {cols.messages!r} (OpenAI style) nor a {cols.conversations!r} (ShareGPT) "
-                f"column; the file has: {shown}. Name the prompt columns with --map (see the README)")
-        used = [cols.id, *named] + ([] if cols.user else [cols.messages, cols.conversations])
+                f"nor a 'chat' (glaive) column; the file has: {shown}. Name the prompt columns with --map (see the README)")
+        used = [cols.id, *named, cols.tools] + ([] if cols.user else [cols.messages, cols.conversations])
+        if glaive:
+            used += [cols.chat or "chat", cols.system or "system"]
         return [c for c in dict.fromkeys(used) if c in names]

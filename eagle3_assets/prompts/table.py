@@ -17,11 +17,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eagle3_assets.prompts.rows import Prompt
+from eagle3_assets.prompts.tools import tool_figures
 
 SCHEMA = pa.schema([
     ("prompt_id", pa.string()),
-    ("messages", pa.string()),  # JSON list of {"role", "content"}
+    ("messages", pa.string()),  # JSON list of {"role", "content"} (+ "tool_calls", "tool_call_id"): OpenAI's shape
+    ("tools", pa.string()),  # JSON list of {"type": "function", "function": {...}}; null when the prompt has none
     ("turns", pa.int32()),
+    ("tool_calls", pa.int32()),  # calls made in the prompt's history
+    ("tool_results", pa.int32()),  # tool-result turns
     ("line", pa.int32()),  # line (JSONL) or row (Parquet) in the prompt file
     ("prompt_tokens", pa.int32()),  # rendered with the target's chat template; null when not measured
     ("truncated", pa.bool_()),
@@ -43,10 +47,14 @@ class PromptTableWriter:
         prompts = list(prompts)
         if not prompts:
             return
+        figures = [tool_figures(p.messages, p.tools) for p in prompts]
         batch = pa.record_batch([
             pa.array([p.prompt_id for p in prompts], pa.string()),
             pa.array([json.dumps(p.messages, ensure_ascii=False) for p in prompts], pa.string()),
+            pa.array([json.dumps(p.tools, ensure_ascii=False) if p.tools else None for p in prompts], pa.string()),
             pa.array([len(p.messages) for p in prompts], pa.int32()),
+            pa.array([f["tool_calls"] for f in figures], pa.int32()),
+            pa.array([f["tool_results"] for f in figures], pa.int32()),
             pa.array([p.line for p in prompts], pa.int32()),
             pa.array([p.prompt_tokens for p in prompts], pa.int32()),
             pa.array([p.truncated for p in prompts], pa.bool_()),
@@ -87,6 +95,7 @@ def read_prompt_table(path) -> list[Prompt]:
     has_tokens = "prompt_tokens" in frame.columns
     return [
         Prompt(r["prompt_id"], json.loads(r["messages"]), r["line"],
+               tools=json.loads(r["tools"]) if r.get("tools") else None,
                prompt_tokens=r["prompt_tokens"] if has_tokens else None, truncated=bool(r.get("truncated")))
         for r in frame.iter_rows(named=True)
     ]

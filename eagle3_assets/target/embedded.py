@@ -121,9 +121,9 @@ class EmbeddedModel:
             raise ValueError(f"{self.model_dir}: the model defines no end-of-sequence token")
         return ids
 
-    def render_prompt(self, messages: list[dict]) -> list[int]:
-        """Prompt ids as a server renders them: the chat template with a generation prompt."""
-        return self.target_tokenizer.render_prompt(messages)
+    def render_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Prompt ids as a server renders them: the chat template with a generation prompt (and tools)."""
+        return self.target_tokenizer.render_prompt(messages, tools)
 
     def generate(
         self,

@@ -63,6 +63,12 @@ class TargetSpec:
         """Refuse data made by another target (see :func:`check_same_target`)."""
         check_same_target(recorded, self.identity, what)
 
+    def stop_token_ids(self) -> list[int]:
+        """Every id a decode loop of this target stops on: its eos ids and its template's end of turn."""
+        from eagle3_assets.target.stops import decode_stop_ids
+
+        return decode_stop_ids(self.model_dir, self.load_tokenizer())
+
     def load_tokenizer(self):
         """The target's :class:`~eagle3_assets.tokens.tokenizer.TargetTokenizer` (loaded once)."""
         if "tokenizer" not in self._cache:

@@ -23,6 +23,6 @@ def build_kimi_test_tokenizer(out_dir: Path | str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_tokenizer(out)
     (out / "config.json").write_text(json.dumps({
-        "max_position_embeddings": TEST_CONTEXT, "eos_token_id": slot_id("<|im_end|>"),
+        "max_position_embeddings": TEST_CONTEXT, "eos_token_id": slot_id("[EOS]"),
         "bos_token_id": NUM_BASE_TOKENS}) + "\n")
     return out

@@ -41,10 +41,13 @@ def token_ids(context: dg.AssetExecutionContext, config: TokenIdsConfig, storage
     dataset = context.partition_key
     layout = storage.layout
     tok = target.load_tokenizer()
-    messages = {p.prompt_id: p.messages for p in read_prompt_table(layout.prompt_table(dataset))}
+    prompts = {p.prompt_id: p for p in read_prompt_table(layout.prompt_table(dataset))}
     max_length = config.max_length or None  # None: the model's context
-    rows = [build_token_row(r, messages.get(r["prompt_id"]), tok, max_length=max_length, truncate=config.truncate)
-            for r in ResponseStore(layout.responses_dir(dataset)).iter_rows()]
+    rows = []
+    for r in ResponseStore(layout.responses_dir(dataset)).iter_rows():
+        p = prompts.get(r["prompt_id"])
+        rows.append(build_token_row(r, p.messages if p else None, tok, tools=p.tools if p else None,
+                                    max_length=max_length, truncate=config.truncate))
     out = layout.tokens(dataset)
     frame = write_token_table(rows, out)
     agree = agreement_summary(frame)
@@ -60,6 +63,10 @@ def token_ids(context: dg.AssetExecutionContext, config: TokenIdsConfig, storage
             "retokenized_rows": int((~frame["native_ids"]).sum() or 0),
             "token_agreement": agree["token_agreement"],
             "exact_sequence_rate": agree["exact_sequence_rate"],
+            "tool_call_rows": int((frame["tool_calls"] > 0).sum() or 0),
+            "tool_call_rows_with_native_ids": agree["tool_call_rows_with_native_ids"],
+            "tool_call_token_agreement": agree["tool_call_token_agreement"],
+            "tool_call_exact_rate": agree["tool_call_exact_rate"],
             "by_source": md_table(by_source),
             "retokenization_diffs": md_table(diffs),
             "end_of_turn": f"{tok.end_of_turn} = {tok.end_of_turn_id}",

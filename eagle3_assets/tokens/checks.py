@@ -96,7 +96,8 @@ def special_token_result(tok, con, path: str) -> dg.AssetCheckResult:
 
 @dg.asset_check(asset=token_ids, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
                 description="Re-tokenized text agrees with native ids at or above the threshold "
-                            "(blocks only when the dataset holds re-tokenized rows).")
+                            "(blocks only when the dataset holds re-tokenized rows); tool-call replies rebuilt by the "
+                            "chat template are measured apart, and gate too when they have native rows to compare.")
 def reconstruction_consistency(context: dg.AssetCheckExecutionContext, storage: StorageResource,
                                dataset_settings: DatasetSettings) -> dg.AssetCheckResult:
     path = str(storage.layout.tokens(context.partition_key))
@@ -108,7 +109,12 @@ def reconstruction_consistency(context: dg.AssetCheckExecutionContext, storage: 
                    count(*) FILTER (WHERE NOT native_ids) AS retokenized_rows,
                    sum(retok_matched) FILTER (WHERE native_ids) AS matched,
                    sum(retok_total) FILTER (WHERE native_ids) AS total,
-                   avg(retok_exact::INTEGER) FILTER (WHERE native_ids) AS exact_rate
+                   avg(retok_exact::INTEGER) FILTER (WHERE native_ids) AS exact_rate,
+                   count(*) FILTER (WHERE native_ids AND tool_calls > 0) AS tool_call_native_rows,
+                   count(*) FILTER (WHERE NOT native_ids AND tool_calls > 0) AS tool_call_rebuilt_rows,
+                   sum(retok_matched) FILTER (WHERE native_ids AND tool_calls > 0) AS tool_call_matched,
+                   sum(retok_total) FILTER (WHERE native_ids AND tool_calls > 0) AS tool_call_total,
+                   avg(retok_exact::INTEGER) FILTER (WHERE native_ids AND tool_calls > 0) AS tool_call_exact_rate
             FROM read_parquet(?) GROUP BY source ORDER BY source""", [path])
         worst = query_rows(con, """
             SELECT sample_id, source, retok_matched, retok_total, retok_diff FROM read_parquet(?)
@@ -122,20 +128,48 @@ def reconstruction_consistency(context: dg.AssetCheckExecutionContext, storage: 
     agreement = matched / total if total else None
     for r in per_source:
         r["agreement"] = (r["matched"] or 0) / r["total"] if r["total"] else None
+        r["tool_call_agreement"] = (r["tool_call_matched"] or 0) / r["tool_call_total"] if r["tool_call_total"] else None
+    calls = _tool_call_figures(per_source)
     meta = {
         "token_agreement": agreement, "exact_sequence_rate": exact, "mismatch_rate": None if exact is None else 1 - exact,
-        "threshold": threshold, "native_rows": native, "retokenized_rows": retokenized,
+        "threshold": threshold, "native_rows": native, "retokenized_rows": retokenized, **calls,
         "by_source": md_table(per_source), "worst_rows": md_table(worst),
     }
     figure = "n/a" if agreement is None else f"{agreement:.4%}"
+    tool_line = _tool_call_line(calls)
     if retokenized == 0:
-        return dg.AssetCheckResult(passed=True, metadata=meta,
-                                   description=f"native ids only; re-tokenization agreement {figure} (reported, not gating)")
+        return dg.AssetCheckResult(passed=True, metadata=meta, description=(
+            f"native ids only; re-tokenization agreement {figure} (reported, not gating){tool_line}"))
     if agreement is None:
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=meta,
-                                   description=f"{retokenized} re-tokenized rows but no native rows to calibrate against")
-    return dg.AssetCheckResult(passed=agreement >= threshold, metadata=meta,
-                               description=f"token agreement {figure} vs threshold {threshold:.2%}")
+                                   description=f"{retokenized} re-tokenized rows but no native rows to calibrate against"
+                                               f"{tool_line}")
+    tool_agreement = calls["tool_call_token_agreement"]
+    tools_ok = not calls["tool_call_rebuilt_rows"] or tool_agreement is None or tool_agreement >= threshold
+    return dg.AssetCheckResult(passed=agreement >= threshold and tools_ok, metadata=meta,
+                               description=f"token agreement {figure} vs threshold {threshold:.2%}{tool_line}")
+
+
+def _tool_call_figures(per_source: list[dict]) -> dict:
+    """Tool-call replies apart: rebuilt by the chat template, their agreement is its own figure."""
+    native = sum(r["tool_call_native_rows"] for r in per_source)
+    matched = sum(r["tool_call_matched"] or 0 for r in per_source)
+    total = sum(r["tool_call_total"] or 0 for r in per_source)
+    exact = sum((r["tool_call_exact_rate"] or 0) * r["tool_call_native_rows"] for r in per_source)
+    return {"tool_call_native_rows": native, "tool_call_rebuilt_rows": sum(r["tool_call_rebuilt_rows"] for r in per_source),
+            "tool_call_token_agreement": matched / total if total else None,
+            "tool_call_exact_rate": exact / native if native else None}
+
+
+def _tool_call_line(calls: dict) -> str:
+    if not calls["tool_call_native_rows"] and not calls["tool_call_rebuilt_rows"]:
+        return ""
+    if calls["tool_call_token_agreement"] is None:
+        return (f"; {calls['tool_call_rebuilt_rows']} tool-call replies rebuilt by the chat template, none with native "
+                "ids to calibrate them against")
+    return (f"; tool-call replies: token agreement {calls['tool_call_token_agreement']:.4%}, exact "
+            f"{calls['tool_call_exact_rate']:.2%} on {calls['tool_call_native_rows']} rows with native ids "
+            f"({calls['tool_call_rebuilt_rows']} rebuilt from structured calls)")
 
 
 TOKEN_CHECKS = [special_tokens_valid, reconstruction_consistency]

@@ -40,6 +40,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3_assets.tokens.tool_calls import tool_call_reply
+
 THINK_START = "<think>"
 THINK_END = "</think>"
 _SANE_MAX = 10_000_000  # tokenizers report 1e30 for "no limit"
@@ -113,11 +115,30 @@ class TargetTokenizer:
     def template_kwargs(self) -> dict:
         return {} if self.thinking is None else {"thinking": self.thinking}
 
-    def render_prompt(self, messages: list[dict]) -> list[int]:
+    def render_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The prompt's ids with the generation prompt, tools passed to the template's own
+        ``apply_chat_template`` (Kimi-K2.5's override turns them into its TypeScript declaration)."""
+        kwargs = {"tools": tools} if tools else {}
         enc = self.tokenizer.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=True, return_dict=True, **self.template_kwargs()
+            messages, tokenize=True, add_generation_prompt=True, return_dict=True, **kwargs, **self.template_kwargs()
         )
         return list(enc["input_ids"])
+
+    def parse_tool_calls(self, output_ids: list[int]) -> list[dict] | None:
+        """The calls a reply's ids make, in OpenAI's shape, when the target's format is known (Kimi)."""
+        from eagle3_assets.tokens.tool_calls import KimiFormat
+
+        fmt = KimiFormat.of(self)
+        return fmt.split(self, list(output_ids))[1] if fmt is not None else None
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders tool declarations at all (SmolLM2's does not)."""
+        if "_supports_tools" not in self.__dict__:
+            from eagle3_assets.tokens.tool_calls import template_renders_tools
+
+            self.__dict__["_supports_tools"] = template_renders_tools(self.tokenizer, self.template_kwargs())
+        return self.__dict__["_supports_tools"]
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of text as the target's tokenizer encodes it (literal special strings included)."""
@@ -278,9 +299,12 @@ def first_difference(tok: TargetTokenizer, a: list[int], b: list[int]) -> str:
     )
 
 
-def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer, *,
+def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer, *, tools: list[dict] | None = None,
                     max_length: int | None = None, truncate: bool = False) -> dict:
     """One token row from one response row (the token_ids contract in the README).
+
+    A reply that calls tools is rebuilt by the chat template (:mod:`eagle3_assets.tokens.tool_calls`);
+    ``tools`` are the prompt's declarations, rendered with it.
 
     ``max_length``: the longest sequence allowed (None: the model's context, if known; 0: no
     limit). A longer sequence raises ``ContextLengthError`` naming the sample and the lengths,
@@ -293,7 +317,7 @@ def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer
     if not prompt_ids:
         if messages is None:
             raise ValueError(f"sample {sid}: no prompt ids and prompt {row.get('prompt_id')!r} is unknown")
-        prompt_ids = tok.render_prompt(messages)
+        prompt_ids = tok.render_prompt(messages, tools)
         notes.append("prompt rendered locally")
     finish = row.get("finish_reason") or ""
     native = row.get("output_ids")
@@ -306,7 +330,19 @@ def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer
     if think_closed is not None:
         notes.append("reasoning split from text at </think>" if think_closed else "think block never closed")
     layout = tok.completion_layout(prompt_ids, reasoning, text, finish, think_closed)
-    retok = tok.retokenize_completion(text, finish, reasoning=reasoning, prompt_ids=prompt_ids, think_closed=think_closed)
+    reply = tool_call_reply(tok, row, messages, tools, prompt_ids) if row.get("tool_calls") or native else None
+    if row.get("tool_calls") and reply is None:
+        why = "no prompt messages, or a template whose rendering is not append-only"
+        if native is None:  # without the calls the row would be wrong, not merely uncalibrated
+            raise ValueError(f"sample {sid}: its reply calls tools, but the chat template cannot render it after the "
+                             f"prompt ({why})")
+        notes.append(f"tool calls not re-rendered ({why}): calibrated as text")
+    if reply is not None:
+        layout, retok = ["tool_call_reply"], reply.ids
+        notes += reply.notes
+    else:
+        retok = tok.retokenize_completion(text, finish, reasoning=reasoning, prompt_ids=prompt_ids,
+                                          think_closed=think_closed)
     literals = tok.literal_specials(text) + (tok.literal_specials(reasoning) if "reasoning" in layout else [])
     if literals:
         notes.append("literal special strings in text encoded as special ids: "
@@ -321,7 +357,7 @@ def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer
         matched = total = 0
         diff = ""
         notes.append("completion = " + "+".join(layout))
-        if reasoning and "reasoning" not in layout:
+        if reasoning and reply is None and "reasoning" not in layout:
             notes.append("reasoning dropped: " + ("the generation prompt closed the think block"
                                                   if tok.has_think_tokens else "no think tokens in this tokenizer"))
     if not completion:
@@ -355,6 +391,8 @@ def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer
         "completion_len": len(completion),
         "text_len": len(row.get("text") or ""),
         "literal_specials": len(literals),
+        "has_tools": bool(tools),
+        "tool_calls": len(reply.calls) if reply is not None else 0,
         "native_ids": built_from == "native",
         "built_from": built_from,
         "build_notes": "; ".join(notes),

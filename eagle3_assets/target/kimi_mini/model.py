@@ -6,7 +6,8 @@ DeepSeek-V3 ``text_config`` with K2.5's keys and values where size allows: MLA a
 routed + shared experts behind ``first_k_dense_replace`` = 1 dense layer, sigmoid ``noaux_tc``
 routing with ``routed_scaling_factor`` 2.827, K2.5's yarn ``rope_scaling`` (factor 64 over 4,096
 original positions, theta 50,000), ``max_position_embeddings`` 262,144, ``vocab_size`` 163,840,
-``eos_token_id`` 163586 (``<|im_end|>``), ``num_nextn_predict_layers`` 0. Sizes are cut: 7 layers
+``eos_token_id`` 163585 (``[EOS]``, as K2.5's config says; its turns end with ``<|im_end|>`` 163586, which
+every decode loop adds to its stop ids), ``num_nextn_predict_layers`` 0. Sizes are cut: 7 layers
 (the fewest for which EAGLE-3's default aux layers [1, L//2-1, L-4] are distinct), hidden 64.
 
 Weights: written as K2.5 stores them, under ``language_model.`` (``language_model.model.layers.N``,
@@ -41,10 +42,12 @@ TEXT_CONFIG = {
     "num_attention_heads": 4,
     "num_key_value_heads": 4,
     "q_lora_rank": 32,
-    "kv_lora_rank": 16,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 8,
-    "v_head_dim": 16,
+    # MLA latent at K2.5's own size: 512 + 64 = 576 is the only latent vLLM's CPU MLA decode
+    # kernel is built for (with smaller dims vLLM loads the model, then fails every request)
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 32,
     "n_routed_experts": 8,
     "n_shared_experts": 1,
     "num_experts_per_tok": 2,
@@ -68,7 +71,7 @@ TEXT_CONFIG = {
     "initializer_range": 0.02,
     "tie_word_embeddings": False,
     "bos_token_id": slot_id("[BOS]"),
-    "eos_token_id": slot_id("<|im_end|>"),
+    "eos_token_id": slot_id("[EOS]"),  # K2.5: 163585; a turn ends with <|im_end|> 163586
     "pad_token_id": slot_id("[PAD]"),
     "dtype": "float32",
 }
@@ -86,7 +89,7 @@ def model_config() -> dict:
         "vision_config": dict(VISION_CONFIG),
         "projection_hidden_size": 16,
         "bos_token_id": slot_id("[BOS]"),
-        "eos_token_id": slot_id("<|im_end|>"),
+        "eos_token_id": slot_id("[EOS]"),  # K2.5: 163585; a turn ends with <|im_end|> 163586
         "pad_token_id": slot_id("[PAD]"),
         "media_placeholder_token_id": slot_id("<|media_pad|>"),
         "image_token_id": slot_id("<|media_pad|>"),
@@ -120,9 +123,15 @@ def build_weights(config_path: Path, text_ids: list[int]) -> dict:
     return {k: v.detach().contiguous() for k, v in sd.items()}
 
 
+# transformers' reverse mapping -> K2.5's own names (the ones vLLM's KimiK25ForConditionalGeneration loads)
+CHECKPOINT_RENAMES = {"language_model.model.blocks.": "language_model.model.layers.",
+                      "model.mm_projector.": "mm_projector.",
+                      "vision_tower.encoder.patch_embed.": "vision_tower.patch_embed."}
+
+
 def _checkpoint_names(model) -> dict:
     """The state dict under the names the original checkpoint format uses (transformers' own
-    reverse mapping names the text layers ``blocks``; K2.5 names them ``layers``)."""
+    reverse mapping gets three prefixes wrong, see ``CHECKPOINT_RENAMES``)."""
     import tempfile
 
     from safetensors.torch import load_file
@@ -130,7 +139,13 @@ def _checkpoint_names(model) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         sd = load_file(str(Path(tmp) / "model.safetensors"))
-    return {k.replace("language_model.model.blocks.", "language_model.model.layers."): v for k, v in sd.items()}
+    out = {}
+    for k, v in sd.items():
+        for old, new in CHECKPOINT_RENAMES.items():
+            if k.startswith(old):
+                k = new + k[len(old):]
+        out[k] = v
+    return out
 
 
 def write_model(out_dir: Path, text_ids: list[int]) -> None:

@@ -13,17 +13,27 @@ transformers only) and follows the documented behaviour of Kimi's ``TikTokenToke
 - ``encode`` with keyword arguments falls back to the Hugging Face path (which also ends in
   ``_tokenize``); no BOS is ever added;
 - ``decode(ids)`` without keyword arguments is tiktoken's raw decode; with them it is Hugging
-  Face's ``_decode`` over byte-level tokens, joined with ``errors="replace"``.
+  Face's ``_decode`` over byte-level tokens, joined with ``errors="replace"``;
+- ``apply_chat_template`` is overridden as K2.5 overrides it: ``tokenize=False`` and
+  ``add_generation_prompt=True`` by default, the tool dicts deep-sorted, and the tools written as a
+  TypeScript namespace (``tool_declaration_ts.py``, shipped beside this file) handed to the
+  template as ``tools_ts_str``; when that encoder cannot read a schema the template prints the
+  tools as compact JSON instead.
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 import os
 from shutil import copyfile
 
 import tiktoken
 from transformers import PreTrainedTokenizer
+
+from .tool_declaration_ts import encode_tools_to_typescript_style
+
+logger = logging.getLogger(__name__)
 
 VOCAB_FILES_NAMES = {"vocab_file": "tiktoken.model"}
 NUM_SPECIAL_SLOTS = 256
@@ -63,6 +73,15 @@ def read_ranks(path: str) -> dict[bytes, int]:
                 token, rank = line.split()
                 ranks[base64.b64decode(token)] = int(rank)
     return ranks
+
+
+def deep_sort(value):
+    """Dicts with their keys sorted, at every depth (list order kept)."""
+    if isinstance(value, dict):
+        return {k: deep_sort(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [deep_sort(v) for v in value]
+    return value
 
 
 def _split_runs(text: str, limit: int):
@@ -145,6 +164,18 @@ class TikTokenTokenizer(PreTrainedTokenizer):
         if kwargs or not isinstance(token_ids, (list, tuple)) or (token_ids and not isinstance(token_ids[0], int)):
             return super().decode(token_ids, **kwargs)
         return self.model.decode(list(token_ids))
+
+    # -- chat template
+
+    def apply_chat_template(self, conversation, tools=None, tokenize=False, add_generation_prompt=True, **kwargs):
+        tools = deep_sort(tools)
+        if tools and "tools_ts_str" not in kwargs:
+            try:
+                kwargs["tools_ts_str"] = encode_tools_to_typescript_style(tools)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                logger.warning("tools kept as JSON: the TypeScript declaration failed (%s)", e)
+        return super().apply_chat_template(conversation, tools=tools, tokenize=tokenize,
+                                           add_generation_prompt=add_generation_prompt, **kwargs)
 
     def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str]:
         out = os.path.join(save_directory, (filename_prefix + "-" if filename_prefix else "") + "tiktoken.model")

@@ -5,7 +5,8 @@ slots at the real ids (``[BOS]`` 163584, ``[EOS]`` 163585, ``<|im_end|>`` 163586
 163839, unnamed slots ``<|reserved_token_{id}|>``), ``special`` false for the think and tool-call
 markers, ``eos_token`` ``[EOS]`` while turns end with ``<|im_end|>``, the pre-tokenizer regex, the
 encode/decode semantics (``tokenization_kimi.py``) and the chat template's rules
-(``chat_template.jinja``). What is not: the merges. A few thousand are trained here on a bundled
+(``chat_template.jinja``), and K2.5's ``apply_chat_template`` override with its TypeScript tool
+declaration (``tool_declaration_ts.py``). What is not: the merges. A few thousand are trained here on a bundled
 text; the rest of the base range is filled with byte strings that are never valid UTF-8, so text
 never reaches them (the model's rows for them are zero, see ``model.py``).
 """
@@ -22,6 +23,7 @@ NUM_BASE_TOKENS = 163_584
 NUM_SLOTS = 256
 TRAINED_MERGES = 2_000
 HERE = Path(__file__).parent
+REMOTE_CODE = ("tokenization_kimi.py", "tool_declaration_ts.py")  # the tokenizer's code, loaded with trust_remote_code
 
 # Kimi's named slots relative to the first special id, and whether each is special.
 SLOTS: dict[int, tuple[str, bool]] = {
@@ -99,7 +101,7 @@ def fill_ranks(ranks: dict[bytes, int], total: int = NUM_BASE_TOKENS) -> dict[by
 
 
 def write_tokenizer(out_dir: Path) -> dict:
-    """Write ``tiktoken.model``, ``tokenization_kimi.py``, ``tokenizer_config.json`` and the chat
+    """Write ``tiktoken.model``, the tokenizer's code, ``tokenizer_config.json`` and the chat
     template into ``out_dir``; returns facts the model builder needs."""
     out_dir = Path(out_dir)
     trained = train_ranks(training_text())
@@ -107,7 +109,8 @@ def write_tokenizer(out_dir: Path) -> dict:
     with (out_dir / "tiktoken.model").open("wb") as fh:
         for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
             fh.write(base64.b64encode(token) + b" " + str(rank).encode() + b"\n")
-    shutil.copyfile(HERE / "tokenization_kimi.py", out_dir / "tokenization_kimi.py")
+    for module in REMOTE_CODE:
+        shutil.copyfile(HERE / module, out_dir / module)
     added = {}
     for k in range(NUM_SLOTS):  # every slot is an added token, the unnamed ones as reserved specials
         name, special = SLOTS.get(k, (f"<|reserved_token_{NUM_BASE_TOKENS + k}|>", True))

@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--price-out", type=float, default=2.50, help="openrouter: $ per million completion tokens")
     p.add_argument("--credits", type=float, default=None, help="openrouter: 402 credits once this much is billed")
     p.add_argument("--key-usage", type=float, default=0.0, help="openrouter: dollars the key had spent before")
+    p.add_argument("--drops-tools", action="store_true",
+                   help="openrouter: ignore `tools` unless routing asks for require_parameters")
     p.add_argument("--max-batch", type=int, default=16, help="model batch size limit")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--uvloop", action="store_true", help="serve on uvloop when installed")
@@ -78,7 +80,7 @@ def make_app(args):
         return SGLangApp(gen, prefix_bug=args.prefix_bug, healthy=not args.unhealthy, **common)
     return OpenRouterApp(gen, api_key=args.api_key, prompt_price=args.price_in / 1e6,
                          completion_price=args.price_out / 1e6, credits_usd=args.credits,
-                         key_usage_start_usd=args.key_usage, **common)
+                         key_usage_start_usd=args.key_usage, drops_tools=args.drops_tools, **common)
 
 
 async def amain(args) -> None:

@@ -22,6 +22,7 @@ from .faults import FaultPlan
 from .http import HTTPServer, Reply, Request
 from .ledger import Ledger
 from .observe import Observer
+from .tool_replies import with_tool_calls
 
 STATUS_OF = {"429": 429, "408": 408, "500": 500, "502": 502, "503": 503, "524": 524, "529": 529,
              "402inflight": 402, "402credits": 402, "402keylimit": 402, "401": 401, "400": 400}
@@ -251,6 +252,7 @@ class SGLangApp(LoopbackApp):
                 "prompt_tokens": len(ids), "completion_tokens": 0, "cached_tokens": 0}})
         out = await self.gen.generate(ids, max_new_tokens=max_new, temperature=temperature if temperature >= 1e-6 else 0.0,
                                       top_p=top_p, seed=int(sp.get("sampling_seed", 0) or 0))
+        out, _ = with_tool_calls(self.gen, ids, out)  # tools declared in the ids: a tool-using model calls them
         output_ids = list(out.output_ids)
         if self.prefix_bug and self._rng.random() < self.prefix_bug:
             k = min(5, len(ids))
@@ -293,7 +295,11 @@ class OpenRouterApp(LoopbackApp):
     With ``api_key`` set, any other bearer token gets a 401 whose message *echoes the presented
     key* - on purpose, so tests can prove the client redacts it. ``reasoning`` requests are
     simulated by labelling the first third of the generated tokens as reasoning (counted in
-    ``completion_tokens`` and ``completion_tokens_details.reasoning_tokens``).
+    ``completion_tokens`` and ``completion_tokens_details.reasoning_tokens``). A request with
+    ``tools`` to a user turn is answered with structured ``tool_calls`` and ``finish_reason``
+    ``tool_calls`` (see ``tool_replies``), billed by its tokens; with ``drops_tools`` the provider
+    ignores ``tools`` unless routing asks for ``require_parameters``, as a real pool with one
+    provider that drops them would.
     """
 
     name = "openrouter"
@@ -301,12 +307,13 @@ class OpenRouterApp(LoopbackApp):
 
     def __init__(self, generator, *, api_key: str | None = None, provider_name: str = "Loopback",
                  prompt_price: float = 0.6e-6, completion_price: float = 2.5e-6,
-                 credits_usd: float | None = None, key_usage_start_usd: float = 0.0, **kw):
+                 credits_usd: float | None = None, key_usage_start_usd: float = 0.0, drops_tools: bool = False, **kw):
         """``key_usage_start_usd``: what the key had spent before (``/key`` usage starts there)."""
         super().__init__(generator, **kw)
         self.ledger = Ledger()
         self.key_usage_start_usd = key_usage_start_usd
         self.api_key = api_key
+        self.drops_tools = drops_tools
         self.provider_name = provider_name
         self.prompt_price, self.completion_price = prompt_price, completion_price
         self.credits_usd = credits_usd
@@ -393,7 +400,9 @@ class OpenRouterApp(LoopbackApp):
                 "metadata": {"error_type": "provider_unavailable", "provider_name": self.provider_name}}}))
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 256)
         temperature = float(body.get("temperature", 1.0))
-        prompt_ids = self.gen.render(messages)
+        required = (body.get("provider") or {}).get("require_parameters") is True
+        tools = body.get("tools") if not self.drops_tools or required else None
+        prompt_ids = self.gen.render(messages, tools) if tools else self.gen.render(messages)
         self._gen_n += 1
         gen_id = f"gen-{self._gen_n}-{secrets.token_hex(6)}"
         model = body.get("model") or self.served_model
@@ -411,6 +420,7 @@ class OpenRouterApp(LoopbackApp):
                                       top_p=float(body.get("top_p", 1.0)), seed=int(body.get("seed", 0) or 0))
         if self.latency_per_token_s:
             await asyncio.sleep(len(out.output_ids) * self.latency_per_token_s)
+        out, call = with_tool_calls(self.gen, prompt_ids, out) if tools else (out, None)
         reasoning_cfg = body.get("reasoning")
         thinking = (bool(reasoning_cfg) and reasoning_cfg.get("enabled", True) is not False
                     and reasoning_cfg.get("effort") != "none")
@@ -418,6 +428,10 @@ class OpenRouterApp(LoopbackApp):
         r = n // 3 if thinking else 0
         reasoning_text = self.gen.decode(out.output_ids[:r]) if r else None
         content = self.gen.decode(out.output_ids[r:])
+        finish, native_finish = out.finish_reason, "eos" if out.finish_reason == "stop" else "max_tokens"
+        if call is not None:  # the reasoning parser's and the tool parser's reading of the ids
+            r, reasoning_text = (call.reasoning_tokens, call.reasoning) if thinking else (0, None)
+            content, finish, native_finish = call.content, "tool_calls", "tool_calls"
         cost = len(prompt_ids) * self.prompt_price + n * self.completion_price
         self.billed.append(cost)
         self.ledger.bill(cost, gen_id)
@@ -429,10 +443,10 @@ class OpenRouterApp(LoopbackApp):
         reply = Reply.json({
             "id": gen_id, "provider": self.provider_name, "model": model, "object": "chat.completion",
             "created": int(time.time()), "system_fingerprint": None,
-            "choices": [{"index": 0, "logprobs": None, "finish_reason": out.finish_reason,
-                         "native_finish_reason": "eos" if out.finish_reason == "stop" else "max_tokens",
+            "choices": [{"index": 0, "logprobs": None, "finish_reason": finish, "native_finish_reason": native_finish,
                          "message": {"role": "assistant", "content": content, "refusal": None,
-                                     "reasoning": reasoning_text}}],
+                                     "reasoning": reasoning_text,
+                                     **({"tool_calls": call.tool_calls} if call is not None else {})}}],
             "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": n, "total_tokens": len(prompt_ids) + n,
                       "cost": cost, "is_byok": False, "prompt_tokens_details": {"cached_tokens": 0},
                       "completion_tokens_details": {"reasoning_tokens": r},

@@ -42,8 +42,16 @@ class ModelGenerator:
         self.batches = 0
         self.max_batch_seen = 0
 
-    def render(self, messages: list[dict]) -> list[int]:
-        return self.model.render_prompt(messages)
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        return self.model.render_prompt(messages, tools)
+
+    def tool_reply(self, prompt_ids: list[int], output_ids: list[int]):
+        """The tool-call reply a tool-using target writes here, or None (see ``tool_replies``)."""
+        if "_caller" not in self.__dict__:
+            from .tool_replies import ToolCaller
+
+            self._caller = ToolCaller(self.model.target_tokenizer)
+        return self._caller.reply(prompt_ids, output_ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.model.tokenizer.decode(ids, skip_special_tokens=True)
@@ -143,8 +151,8 @@ class SyntheticGenerator:
         span = max_new_tokens + max_new_tokens // 2
         return 1 + int.from_bytes(h[:4], "big") % max(1, span)
 
-    def render(self, messages: list[dict]) -> list[int]:
-        raw = json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        raw = json.dumps([messages, tools] if tools else messages, sort_keys=True, ensure_ascii=False).encode()
         return [100 + int.from_bytes(raw[i:i + 4], "big") % (self.vocab_size - 100) for i in range(0, len(raw), 4)]
 
     def decode(self, ids: list[int]) -> str:

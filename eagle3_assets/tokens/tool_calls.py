@@ -1,0 +1,155 @@
+"""Tool-call replies as token ids: the template's own rendering of the assistant message.
+
+A reply that calls tools is made of ids no text encoding reproduces on its own (Kimi: the
+``<|tool_calls_section_begin|>`` ... markers around ``functions.<name>:<index>`` ids and the
+arguments). So its training sequence, when the backend returned only text and structured
+``tool_calls`` (OpenRouter), is what the target's chat template makes of that assistant message:
+the conversation rendered with the reply minus the conversation rendered with the generation
+prompt. Rows with native ids keep them; their calls are read back (the server's parser for vLLM,
+the ids themselves for SGLang and local rows) and re-rendered the same way, so the agreement of
+this reconstruction is measured where it can be.
+
+Where the format is known (Kimi), calls are also parsed from ids, and a provider's call id that is
+not Kimi's own ``functions.<name>:<index>`` is rebuilt, ``index`` counting the conversation's
+calls, since that is what the model writes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from eagle3_assets.generation.tool_calls import reply_calls
+
+KIMI_MARKERS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+KIMI_ID = re.compile(r"^functions\.(?P<name>.+):(?P<index>\d+)$")
+PROBE_TOOL = {"type": "function", "function": {"name": "zq_probe_tool", "description": "probe",
+                                               "parameters": {"type": "object", "properties": {}}}}
+
+
+def template_renders_tools(tokenizer, template_kwargs: dict | None = None) -> bool:
+    """True when passing ``tools`` changes the template's rendering (it declares them somewhere)."""
+    msgs = [{"role": "user", "content": "Hi"}]
+    kwargs = dict(tokenize=False, add_generation_prompt=True, **(template_kwargs or {}))
+    try:
+        plain = tokenizer.apply_chat_template(msgs, **kwargs)
+        with_tools = tokenizer.apply_chat_template(msgs, tools=[PROBE_TOOL], **kwargs)
+    except Exception:  # no chat template, or one that refuses tools
+        return False
+    return plain != with_tools
+
+
+@dataclass
+class KimiFormat:
+    """Kimi-K2's tool-call section, by the ids of its five markers."""
+
+    section_begin: int
+    section_end: int
+    call_begin: int
+    argument_begin: int
+    call_end: int
+
+    @classmethod
+    def of(cls, tok) -> KimiFormat | None:
+        """The format of a :class:`TargetTokenizer` that has Kimi's markers (looked up once), else None."""
+        if "_kimi_format" not in tok.__dict__:
+            from eagle3_assets.tokens.tokenizer import SpecialTokenError, lookup_token_id
+
+            try:
+                found = cls(*(lookup_token_id(tok.tokenizer, m) for m in KIMI_MARKERS))
+            except SpecialTokenError:
+                found = None
+            tok.__dict__["_kimi_format"] = found
+        return tok.__dict__["_kimi_format"]
+
+    def split(self, tok, ids: list[int]) -> tuple[list[int], list[dict] | None]:
+        """(the ids before the tool-call section, the calls in it); calls None when there is no
+        section, or when it is malformed (then it is not a call the template could write either)."""
+        if self.section_begin not in ids:
+            return ids, None
+        start = ids.index(self.section_begin)
+        body = ids[start + 1:]
+        if self.section_end not in body:
+            return ids, None
+        body = body[:body.index(self.section_end)]
+        calls, i = [], 0
+        while i < len(body):
+            if body[i] != self.call_begin or self.argument_begin not in body[i:] or self.call_end not in body[i:]:
+                return ids, None
+            arg = body.index(self.argument_begin, i)
+            end = body.index(self.call_end, i)
+            if not i < arg < end:
+                return ids, None
+            cid = tok.decode(body[i + 1:arg]).strip()
+            m = KIMI_ID.match(cid)
+            name = m.group("name") if m else cid.split(":")[0].split(".")[-1]
+            calls.append({"id": cid, "type": "function", "function": {"name": name, "arguments": tok.decode(body[arg + 1:end])}})
+            i = end + 1
+        return ids[:start], calls
+
+    @staticmethod
+    def kimi_ids(calls: list[dict], before: int) -> tuple[list[dict], bool]:
+        """Calls with ids in Kimi's own form (``functions.<name>:<before + k>``); True when any changed."""
+        out, changed = [], False
+        for k, c in enumerate(calls):
+            name = c["function"]["name"]
+            cid = c.get("id") or ""
+            if not KIMI_ID.match(cid) or KIMI_ID.match(cid).group("name") != name:
+                cid, changed = f"functions.{name}:{before + k}", True
+            out.append({**c, "id": cid})
+        return out, changed
+
+
+@dataclass
+class ToolReply:
+    """A tool-call reply rebuilt by the template: its ids, the calls and how it was made."""
+
+    ids: list[int]
+    calls: list[dict]
+    notes: list[str] = field(default_factory=list)
+
+
+def render_reply(tok, messages: list[dict], tools: list[dict] | None, reply: dict,
+                 prompt_ids: list[int]) -> list[int] | None:
+    """The ids the template writes for ``reply`` after the conversation (None when the rendering
+    with the reply does not start with the rendered prompt: a template that is not append-only)."""
+    kwargs = {"tools": tools} if tools else {}
+    full = tok.tokenizer.apply_chat_template([*messages, reply], tokenize=True, add_generation_prompt=False,
+                                             return_dict=True, **kwargs, **tok.template_kwargs())["input_ids"]
+    full = list(full)
+    if full[:len(prompt_ids)] != list(prompt_ids):
+        return None
+    return full[len(prompt_ids):]
+
+
+def tool_call_reply(tok, row: dict, messages: list[dict] | None, tools: list[dict] | None,
+                    prompt_ids: list[int]) -> ToolReply | None:
+    """The template's rendering of a row's tool-call reply, or None when the row calls no tool
+    (or its calls cannot be rendered: no prompt messages, a template that is not append-only)."""
+    kimi = KimiFormat.of(tok)
+    native = row.get("output_ids")
+    calls, notes = reply_calls(row.get("tool_calls")), []
+    text, reasoning = row.get("text") or "", row.get("reasoning")
+    if native is not None and kimi is not None:
+        head, parsed = kimi.split(tok, list(native))
+        if parsed is not None:  # the text and reasoning are read from the ids too: exact
+            notes.append("tool calls from the server's parser" if calls else "tool calls read from the ids")
+            calls, text, reasoning = calls or parsed, tok.decode(head), None
+    if not calls or messages is None:
+        return None
+    if kimi is not None:
+        before = sum(len(m.get("tool_calls") or ()) for m in messages)
+        calls, changed = kimi.kimi_ids(calls, before)
+        if changed:
+            notes.append("tool-call ids rebuilt as functions.<name>:<index>")
+    reasoning, text, _ = tok.split_thinking({**row, "text": text, "reasoning": reasoning}, prompt_ids)
+    reply = {"role": "assistant", "content": text or "", "tool_calls": calls}
+    if reasoning:
+        reply["reasoning_content"] = reasoning
+    ids = render_reply(tok, messages, tools, reply, prompt_ids)
+    if ids is None:
+        return None
+    if (row.get("finish_reason") or "") != "stop" and ids and ids[-1] == tok.end_of_turn_id:
+        ids = ids[:-1]  # the template closes the turn; a reply cut short never did
+    return ToolReply(ids, calls, notes + [f"template rendering of {len(calls)} tool call(s)"])
