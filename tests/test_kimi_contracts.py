@@ -252,8 +252,28 @@ def test_kimi_mini_checkpoint_is_laid_out_like_k25(kimi_mini_dir):
     spec = TargetSpec(kimi_mini_dir, trust_remote_code=True)
     text = spec.text_config
     assert spec.config["model_type"] == "kimi_k25" and text["num_hidden_layers"] == 7
-    assert text["rope_scaling"]["type"] == "yarn" and text["kv_lora_rank"] == 16 and text["first_k_dense_replace"] == 1
+    assert text["rope_scaling"]["type"] == "yarn" and text["first_k_dense_replace"] == 1
+    assert (text["kv_lora_rank"], text["qk_rope_head_dim"]) == (512, 64)  # K2.5's latent: vLLM's CPU MLA kernel
     assert spec.load_tokenizer().end_of_turn_id == IM_END
+
+
+def test_kimi_mini_ships_k25s_processor_files(kimi_mini_dir):
+    """The files an engine reads at start (vLLM's K2.5 class builds its image processor from them):
+    K2.5's preprocessor_config.json layout, and remote-code classes under K2.5's names that load."""
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoProcessor
+
+    cfg = json.loads((kimi_mini_dir / "preprocessor_config.json").read_text())
+    assert set(cfg) == {"auto_map", "media_proc_cfg"} and cfg["media_proc_cfg"]["patch_size"] == 14
+    images = AutoImageProcessor.from_pretrained(kimi_mini_dir, trust_remote_code=True)
+    assert type(images).__name__ == "KimiK25VisionProcessor" and images.num_frames_per_chunk == 4
+    image = Image.new("RGB", (60, 30))  # 60x30 -> padded to 84x56: 3 x 2 merged 28-pixel blocks
+    assert images.media_tokens_calculator({"type": "image", "image": image}) == 6
+    out = images.preprocess([{"type": "image", "image": image}])
+    assert out["grid_thws"].tolist() == [[1, 4, 6]] and tuple(out["pixel_values"].shape) == (24, 3, 14, 14)
+    proc = AutoProcessor.from_pretrained(kimi_mini_dir, trust_remote_code=True)
+    ids = proc(text="look <|media_pad|>", medias=[{"type": "image", "image": image}])["input_ids"]
+    assert ids.count(163605) == 6  # <|media_pad|> widened to the image's token count
 
 
 @pytest.mark.model

@@ -51,7 +51,7 @@ def test_whole_graph_on_kimi_mini(layout, kimi_mini_dir, monkeypatch):
         out = layout.drafter_dir("kimi-mini")
         assert check_sglang_export(out / "sglang") == [] and check_vllm_export(out / "vllm") == []
         cfg = json.loads((out / "sglang" / "config.json").read_text())
-        assert cfg["vocab_size"] == 163840 and cfg["head_dim"] == 16 and cfg["rope_theta"] == 50000.0
+        assert cfg["vocab_size"] == 163840 and cfg["head_dim"] == 32 and cfg["rope_theta"] == 50000.0
         assert cfg["rope_scaling"]["rope_type"] == "yarn" and cfg["rope_scaling"]["factor"] == 64.0
         assert cfg["max_position_embeddings"] == 262144
         ev = json.loads((out / "eval.json").read_text())

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 NAME = "Kimi-K2.5-mini"
-VERSION = "2"  # bump when the builder's output changes; a cached copy of another version is rebuilt
+VERSION = "3"  # bump when the builder's output changes; a cached copy of another version is rebuilt
 
 
 def ensure_kimi_mini(models_dir: Path) -> Path:
@@ -19,6 +19,7 @@ def ensure_kimi_mini(models_dir: Path) -> Path:
     if stamp.is_file() and stamp.read_text().strip() == f"kimi-mini builder v{VERSION}":
         return out
     from eagle3_assets.target.kimi_mini.model import write_model
+    from eagle3_assets.target.kimi_mini.processor import write_processor
     from eagle3_assets.target.kimi_mini.tokenizer import write_tokenizer
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -26,6 +27,7 @@ def ensure_kimi_mini(models_dir: Path) -> Path:
     try:
         facts = write_tokenizer(tmp)
         write_model(tmp, facts["text_ids"])
+        write_processor(tmp)
         tmp.chmod(0o755)
         (tmp / "SOURCE").write_text(f"kimi-mini builder v{VERSION}\n")
         old = out.with_name(out.name + f".old-{tmp.name[-8:]}")

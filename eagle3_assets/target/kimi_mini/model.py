@@ -41,10 +41,12 @@ TEXT_CONFIG = {
     "num_attention_heads": 4,
     "num_key_value_heads": 4,
     "q_lora_rank": 32,
-    "kv_lora_rank": 16,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 8,
-    "v_head_dim": 16,
+    # MLA latent at K2.5's own size: 512 + 64 = 576 is the only latent vLLM's CPU MLA decode
+    # kernel is built for (with smaller dims vLLM loads the model, then fails every request)
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 32,
     "n_routed_experts": 8,
     "n_shared_experts": 1,
     "num_experts_per_tok": 2,
@@ -120,9 +122,15 @@ def build_weights(config_path: Path, text_ids: list[int]) -> dict:
     return {k: v.detach().contiguous() for k, v in sd.items()}
 
 
+# transformers' reverse mapping -> K2.5's own names (the ones vLLM's KimiK25ForConditionalGeneration loads)
+CHECKPOINT_RENAMES = {"language_model.model.blocks.": "language_model.model.layers.",
+                      "model.mm_projector.": "mm_projector.",
+                      "vision_tower.encoder.patch_embed.": "vision_tower.patch_embed."}
+
+
 def _checkpoint_names(model) -> dict:
     """The state dict under the names the original checkpoint format uses (transformers' own
-    reverse mapping names the text layers ``blocks``; K2.5 names them ``layers``)."""
+    reverse mapping gets three prefixes wrong, see ``CHECKPOINT_RENAMES``)."""
     import tempfile
 
     from safetensors.torch import load_file
@@ -130,7 +138,13 @@ def _checkpoint_names(model) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         sd = load_file(str(Path(tmp) / "model.safetensors"))
-    return {k.replace("language_model.model.blocks.", "language_model.model.layers."): v for k, v in sd.items()}
+    out = {}
+    for k, v in sd.items():
+        for old, new in CHECKPOINT_RENAMES.items():
+            if k.startswith(old):
+                k = new + k[len(old):]
+        out[k] = v
+    return out
 
 
 def write_model(out_dir: Path, text_ids: list[int]) -> None:
