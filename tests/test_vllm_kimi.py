@@ -136,16 +136,9 @@ def test_extraction_through_the_connector_equals_the_local_extractor(ext_server,
 
 
 def test_mla_drafter_acceptance_by_vllm_agrees_with_the_project(spec_server, mla_drafter, kimi):
-    from eagle3_assets.drafter.export import load_vllm
-    from eagle3_assets.drafter.spec_decode import evaluate_acceptance
-    from eagle3_assets.drafter.vllm_acceptance import compare, measure_acceptance
-
     prompts = _prompts(kimi)
-    greedy = _greedy(kimi, prompts)
-    engine = measure_acceptance(spec_server.api_url, prompts, k=K, max_new_tokens=MAX_NEW, greedy_reference=greedy)
-    project = evaluate_acceptance(kimi.model, load_vllm(mla_drafter).float().eval(), prompts, k=K,
-                                  max_new_tokens=MAX_NEW, stop_ids=kimi.stop_ids, greedy_reference=greedy)
-    figures = compare(project.as_metadata(), engine)
+    engine, project, figures = small_drafter.served_vs_project(spec_server.api_url, kimi, mla_drafter, prompts, k=K,
+                                                               max_new_tokens=MAX_NEW)
     print("kimi-mini MLA drafter acceptance:", json.dumps(figures))
     assert engine.matches_greedy and project.matches_greedy, figures
     assert engine.drafts > 0 and engine.draft_tokens == K * engine.drafts

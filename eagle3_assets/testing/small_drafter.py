@@ -88,3 +88,19 @@ def _text_config(model_dir: Path) -> dict:
 
     cfg = read_target_config(model_dir)
     return cfg.get("text_config") or cfg  # a multimodal wrapper's language model (Kimi-K2.5)
+
+
+def served_vs_project(api_url: str, embedded, export_dir: Path, prompts, *, k: int, max_new_tokens: int):
+    """The same export's acceptance by a speculating vLLM's counters and by the project's evaluator
+    (which loads the files vLLM loaded), with the greedy reference both must reproduce:
+    ``(engine, project, figures)``."""
+    from eagle3_assets.drafter.export import load_vllm
+    from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
+    from eagle3_assets.drafter.vllm_acceptance import compare, measure_acceptance
+
+    greedy = [greedy_generate(embedded.model, p, max_new_tokens=max_new_tokens, stop_ids=embedded.stop_ids)
+              for p in prompts]
+    engine = measure_acceptance(api_url, prompts, k=k, max_new_tokens=max_new_tokens, greedy_reference=greedy)
+    project = evaluate_acceptance(embedded.model, load_vllm(export_dir).float().eval(), prompts, k=k,
+                                  max_new_tokens=max_new_tokens, stop_ids=embedded.stop_ids, greedy_reference=greedy)
+    return engine, project, compare(project.as_metadata(), engine)
