@@ -16,10 +16,16 @@ CALLS: list = []
 
 
 class ServerArgs:
+    RESOLVED: dict = {}  # what __post_init__ settles by itself (page_size for the backend, flags it turns on)
+
     def __init__(self, *, model_path, tp_size, dtype, trust_remote_code, max_total_tokens, max_running_requests,
                  skip_tokenizer_init, log_level, enable_return_hidden_states, disable_radix_cache,
-                 chunked_prefill_size, disable_cuda_graph, pp_size, mem_fraction_static=None, ep_size=1, page_size=1):
+                 chunked_prefill_size, disable_cuda_graph, pp_size, mem_fraction_static=None, ep_size=1,
+                 page_size=None, enable_dp_attention=False, enable_attn_tp_input_scattered=False,
+                 enable_two_batch_overlap=False):
         self.__dict__.update({k: v for k, v in locals().items() if k != "self"})
+        self.__dict__.update(ServerArgs.RESOLVED)
+        self.page_size = self.page_size or 1
         CALLS.append(("ServerArgs", dict(self.__dict__)))
 
 
@@ -78,6 +84,8 @@ class Pool:
 
 
 class ModelRunner:
+    GPU_TOKENS = 1 << 20  # the KV pool the "GPU memory" leaves room for
+
     def __init__(self, model_config, mem_fraction_static, gpu_id, tp_rank, tp_size, moe_ep_rank, moe_ep_size, pp_rank,
                  pp_size, nccl_port, server_args, dp_rank=None, attn_cp_rank=None, moe_dp_rank=None,
                  is_draft_worker=False, req_to_token_pool=None, token_to_kv_pool_allocator=None,
@@ -86,10 +94,14 @@ class ModelRunner:
         self.req_to_token_pool, self.token_to_kv_pool_allocator = Pool(), Pool()
         self.setup: list[str] = []
         self.fail_next = False
+        self.page_size = server_args.page_size
+        self.max_total_num_tokens = None
         CALLS.append(("ModelRunner", {"tp_rank": tp_rank, "tp_size": tp_size, "gpu_id": gpu_id}))
 
     def alloc_memory_pool(self, memory_pool_config=None):
         self.setup.append("alloc_memory_pool")
+        wanted = min(self.server_args.max_total_tokens, ModelRunner.GPU_TOKENS)
+        self.max_total_num_tokens = wanted // self.page_size * self.page_size  # floored to pages, as SGLang does
 
     def init_attention_backends(self):
         self.setup.append("init_attention_backends")
@@ -166,7 +178,7 @@ class ChunkCache:
 
 
 MODULES = {
-    "sglang": {},
+    "sglang": {"__version__": "0.5.14"},
     "sglang.srt": {},
     "sglang.srt.configs": {},
     "sglang.srt.configs.model_config": {"ModelConfig": ModelConfig},
@@ -191,6 +203,8 @@ MODULES = {
 def install(monkeypatch) -> None:
     """Put the stand-in modules in ``sys.modules`` for one test."""
     CALLS.clear()
+    monkeypatch.setattr(ServerArgs, "RESOLVED", {})
+    monkeypatch.setattr(ModelRunner, "GPU_TOKENS", 1 << 20)
     for name, attrs in MODULES.items():
         mod = types.ModuleType(name)
         mod.__dict__.update(attrs)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import dagster as dg
+import polars as pl
 import pytest
 import torch
 from torch import nn
@@ -130,10 +131,11 @@ def test_sglang_capture_drives_the_runner_as_sglang_expects(monkeypatch):
     from tests import fake_sglang
 
     fake_sglang.install(monkeypatch)
-    cap = SGLangCapture("/models/tiny", layer_ids=[0, 2, 3], tp_rank=1, tp_size=2, gpu_id=1, max_tokens=64,
-                        max_rows=4, server_args={"mem_fraction_static": 0.8})
+    cap = SGLangCapture("/models/tiny", layer_ids=[0, 2, 3], tp_rank=1, tp_size=2, gpu_id=1, batch_tokens=64,
+                        longest_row=3, max_rows=4, server_args={"mem_fraction_static": 0.8})
     (_, server), (_, runner) = fake_sglang.CALLS
     assert server["disable_radix_cache"] and server["chunked_prefill_size"] == -1 and server["mem_fraction_static"] == 0.8
+    assert cap.pool_tokens == 64 and cap.runner.max_total_num_tokens == 64
     assert runner == {"tp_rank": 1, "tp_size": 2, "gpu_id": 1}
     assert cap.runner.setup == ["alloc_memory_pool", "init_attention_backends", "init_cuda_graphs"]
     assert cap.layers_to_capture == [1, 3, 4]
@@ -154,6 +156,97 @@ def test_sglang_capture_drives_the_runner_as_sglang_expects(monkeypatch):
     with pytest.raises(RuntimeError, match="out of memory"):
         cap.capture(rows)
     assert cap.runner.req_to_token_pool.cleared == 2  # the pools are freed on failure too
+
+
+# ---- the KV pool and batches sized for real rows (a Kimi-K2.5 reply runs to tens of thousands of tokens) -----
+
+
+def test_pool_is_sized_from_the_longest_row_in_whole_pages():
+    from eagle3_assets.hidden_states.sglang_capture import kv_pool_tokens
+
+    assert kv_pool_tokens(longest_row=900, batch_tokens=4096, page_size=1) == 4096  # the batch budget
+    assert kv_pool_tokens(longest_row=30_000, batch_tokens=4096, page_size=1) == 30_000  # a long row alone
+    assert kv_pool_tokens(longest_row=30_001, batch_tokens=4096, page_size=64) == 30_016  # trtllm_mla pages
+    assert kv_pool_tokens(longest_row=10, batch_tokens=100, page_size=64) == 128  # the pool is whole pages
+
+
+def test_batches_count_whole_pages():
+    from eagle3_assets.hidden_states.extract import plan_batches
+
+    lengths = [65, 65, 65, 64, 64, 64, 64]
+    assert plan_batches(lengths, 256) == [[0, 1, 2], [3, 4, 5, 6]]  # 3 x 65 = 195 tokens fit
+    assert plan_batches(lengths, 256, page_size=64) == [[0, 1], [2, 3], [4, 5, 6]]  # a 65-token row takes 128
+
+
+@pytest.mark.parametrize("flag", ["enable_dp_attention", "enable_attn_tp_input_scattered", "enable_two_batch_overlap"])
+def test_server_args_that_break_capture_are_refused(flag, monkeypatch):
+    from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
+    from tests import fake_sglang
+
+    with pytest.raises(ValueError, match=f"{flag}: .*leave them off"):
+        capture_server_args("m", tp_size=8, max_tokens=8, max_rows=1, extra={flag: True})
+    fake_sglang.install(monkeypatch)
+    monkeypatch.setattr(fake_sglang.ServerArgs, "RESOLVED", {flag: True})  # switched on by ServerArgs itself
+    with pytest.raises(ValueError, match=f"resolved ServerArgs turn on .*{flag}"):
+        SGLangCapture("/m", layer_ids=[1, 2, 3], tp_rank=0, tp_size=1, gpu_id=0, batch_tokens=64, longest_row=8,
+                      max_rows=4)
+
+
+def test_capture_sizes_its_pool_and_refuses_what_cannot_fit_before_a_batch(monkeypatch):
+    from eagle3_assets.hidden_states.sglang_capture import CapturePoolError, SGLangCapture
+    from tests import fake_sglang
+
+    fake_sglang.install(monkeypatch)
+    kw = dict(layer_ids=[1, 2, 3], tp_rank=0, tp_size=1, gpu_id=0, batch_tokens=4096, max_rows=64)
+    monkeypatch.setattr(fake_sglang.ServerArgs, "RESOLVED", {"page_size": 64})  # DeepSeek/Kimi on Blackwell
+    cap = SGLangCapture("/m", longest_row=30_001, **kw)
+    assert (cap.page_size, cap.pool_tokens, cap.runner.max_total_num_tokens) == (64, 30_016, 30_016)
+    with pytest.raises(CapturePoolError, match="max_total_tokens 4096 cannot hold the longest row"):
+        SGLangCapture("/m", longest_row=30_001, server_args={"max_total_tokens": 4096}, **kw)
+    monkeypatch.setattr(fake_sglang.ModelRunner, "GPU_TOKENS", 20_000)  # what the GPUs leave for the pool
+    with pytest.raises(CapturePoolError, match="KV pool holds 19968 tokens, but the longest row .*needs 30016"):
+        SGLangCapture("/m", longest_row=30_001, **kw)
+
+
+def test_sglang_too_old_for_a_kimi_k25_target_is_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
+    from eagle3_assets.target.engines import EngineVersionError
+    from tests import fake_sglang
+
+    fake_sglang.install(monkeypatch)
+    k25 = SimpleNamespace(to_dict=lambda: {"model_type": "kimi_k25", "text_config": {"kv_lora_rank": 512}})
+    monkeypatch.setattr(fake_sglang.ModelConfig, "hf_config", k25, raising=False)
+    monkeypatch.setattr(sys.modules["sglang"], "__version__", "0.5.9")
+    with pytest.raises(EngineVersionError, match=r"SGLang 0.5.9 does not pass .*use SGLang >= 0.5.10"):
+        SGLangCapture("/m", layer_ids=[1, 2, 3], tp_rank=0, tp_size=1, gpu_id=0, batch_tokens=64, longest_row=8,
+                      max_rows=4)
+
+
+def test_rows_over_the_context_are_quarantined_and_batches_use_the_capture_pages(tmp_path):
+    """Rank 0's extractor plans with the capture's page size and never runs a row longer than the context."""
+    from eagle3_assets.hidden_states.sglang_extract import SGLangExtractionJob, longest_row
+    from eagle3_assets.hidden_states.tensor_parallel import Group, LeaderExtractor
+    from tests.test_hidden_states import Fake
+
+    corpus = make_corpus(tmp_path / "corpus.parquet", lengths=[65, 65, 65, 64, 300])
+    ran = []
+
+    def capture(rows):
+        ran.append([len(r) for r in rows])
+        feats = Fake().extract(rows)
+        return torch.cat([f.aux for f in feats]), torch.cat([f.last for f in feats])
+
+    leader = LeaderExtractor(capture, Group(0, 1, 0, None), hidden_size=Fake.hidden_size, vocab_size=49152,
+                             max_length=200, page_size=64, describe=Fake().describe())
+    report = extract_corpus(corpus, tmp_path / "hs", leader, batch_tokens=256)
+    assert ran == [[65, 65], [65, 64]] and report.quarantined_new == 1
+    index = pl.read_parquet(tmp_path / "hs" / "index.parquet").filter(pl.col("quarantined"))
+    assert index["sample_id"].to_list() == ["s04"] and "longer than the target's context (200)" in index["reason"][0]
+    job = SGLangExtractionJob(model_path="m", corpus=str(corpus), out_dir="o", target={}, num_layers=30,
+                              hidden_size=576, vocab_size=49152, max_length=200)
+    assert longest_row(job) == 65  # the pool is sized for what runs, not for the quarantined row
 
 
 def test_job_errors_name_the_file_and_field(tmp_path, capsys, monkeypatch):

@@ -102,16 +102,9 @@ def test_generation_keeps_native_ids(vllm_dataset, data_root, embedded, target_t
 
 
 def test_acceptance_agrees_with_the_project_evaluator(spec_server, drafter_export, embedded):
-    from eagle3_assets.drafter.export import load_vllm
-    from eagle3_assets.drafter.spec_decode import evaluate_acceptance
-    from eagle3_assets.drafter.vllm_acceptance import compare, measure_acceptance
-
     prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in HELD_OUT]
-    greedy = _greedy(embedded, prompts)
-    engine = measure_acceptance(spec_server.api_url, prompts, k=K, max_new_tokens=MAX_NEW, greedy_reference=greedy)
-    project = evaluate_acceptance(embedded.model, load_vllm(drafter_export).float().eval(), prompts, k=K,
-                                  max_new_tokens=MAX_NEW, stop_ids=embedded.stop_ids, greedy_reference=greedy)
-    figures = compare(project.as_metadata(), engine)
+    engine, project, figures = small_drafter.served_vs_project(spec_server.api_url, embedded, drafter_export, prompts, k=K,
+                                                               max_new_tokens=MAX_NEW)
     print("acceptance:", json.dumps(figures))
     assert engine.matches_greedy and project.matches_greedy, figures
     assert engine.drafts > 0 and engine.draft_tokens == K * engine.drafts

@@ -13,9 +13,10 @@ import sys
 import dagster as dg
 
 from eagle3_assets.drafter.evaluate import eval_prompts, evaluate_drafter, train_split_sizes
-from eagle3_assets.drafter.recipes import list_recipes, load_recipe
+from eagle3_assets.drafter.recipes import RecipeError, list_recipes, load_recipe
 from eagle3_assets.hidden_states.assets import hidden_states
 from eagle3_assets.metadata import md_table
+from eagle3_assets.target.engines import drafter_layout_notes
 from resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource
 
 recipe_partitions = dg.StaticPartitionsDefinition(list_recipes() or ["demo"])
@@ -71,6 +72,12 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     out = layout.drafter_dir(recipe.name)
     out.mkdir(parents=True, exist_ok=True)
     spec = target.spec()
+    try:
+        notes = drafter_layout_notes(spec.config, recipe.shape.attention)
+    except ValueError as exc:
+        raise RecipeError(f"recipe {recipe.name}: field 'attention': {exc}") from None
+    for note in notes:
+        context.log.warning(f"recipe {recipe.name}: {note}")
     sizes = train_split_sizes(layout, recipe.datasets, spec)
     samples = sum(w * sizes[d] for d, w in recipe.datasets.items())
     model_dir = spec.model_dir
@@ -120,6 +127,8 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
                 f"![training curve](data:image/png;base64,{base64.b64encode(curve.read_bytes()).decode()})"
                 if curve.exists() else "_(no curve)_"),
             "target": f"{spec.name} (id {spec.identity['id']})",
+            "attention": recipe.shape.attention,
+            "serving_notes": "; ".join(notes) or "none",
             "sglang_export": dg.MetadataValue.path(str(out / "sglang")),
             "vllm_export": dg.MetadataValue.path(str(out / "vllm")),
         }

@@ -45,6 +45,12 @@ SGLANG_REQUIRED = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
 # ----------------------------------------------------------------------------- helpers
 
 
+def _is_mla(config: dict) -> bool:
+    from eagle3_assets.drafter.export_mla import is_mla_export
+
+    return is_mla_export(config)
+
+
 def _write_dir_atomic(out_dir: Path, files: dict[str, object]) -> Path:
     """Write every file into a temporary sibling, then swap it into place, so a reader never
     sees a half-written export. ``files`` maps names to a JSON-able dict or a tensor dict."""
@@ -145,7 +151,12 @@ def sglang_config(cfg: DrafterConfig, dtype: str = "bfloat16") -> dict:
 
 
 def export_sglang(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16") -> Path:
-    """``config.json`` + ``model.safetensors`` in SGLang's ``LlamaForCausalLMEagle3`` layout."""
+    """``config.json`` + ``model.safetensors`` in SGLang's ``LlamaForCausalLMEagle3`` layout (an MLA
+    drafter: its DeepSeek EAGLE-3 layout, ``drafter/export_mla.py``)."""
+    if model.config.attention == "mla":
+        from eagle3_assets.drafter.export_mla import export_mla
+
+        return export_mla(model, out_dir, dtype=dtype, engine="sglang")
     weights = _weights(model, DTYPES[dtype])
     missing = [k for k in SGLANG_REQUIRED if k not in weights]
     if missing or any(k.startswith("embed_tokens") for k in weights):
@@ -159,6 +170,10 @@ def load_sglang(export_dir: Path, embeddings: torch.Tensor) -> Eagle3Drafter:
 
     export_dir = Path(export_dir)
     c = json.loads((export_dir / "config.json").read_text())
+    if _is_mla(c):
+        from eagle3_assets.drafter.export_mla import load_mla
+
+        return load_mla(export_dir, embeddings, engine="sglang")
     if c.get("architectures") != [SGLANG_ARCH] or c.get("num_hidden_layers") != 1:
         raise ValueError(f"{export_dir}: not a one-layer {SGLANG_ARCH} export")
     cfg = _config_from_llama(c, c["draft_vocab_size"], c.get("target_hidden_size") or c["hidden_size"],
@@ -212,7 +227,12 @@ def vllm_config(cfg: DrafterConfig, *, dtype: str, verifier: str, verifier_archi
 
 def export_vllm(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16", verifier: str = "",
                 verifier_architectures: list[str] | None = None, speculative_tokens: int = 3) -> Path:
-    """A speculators-format EAGLE-3 checkpoint for vLLM."""
+    """A speculators-format EAGLE-3 checkpoint for vLLM (an MLA drafter: vLLM's
+    ``Eagle3DeepseekV2ForCausalLM`` layout, ``drafter/export_mla.py``)."""
+    if model.config.attention == "mla":
+        from eagle3_assets.drafter.export_mla import export_mla
+
+        return export_mla(model, out_dir, dtype=dtype, engine="vllm")
     if verifier and not verifier_architectures and (Path(verifier) / "config.json").exists():
         verifier_architectures = json.loads((Path(verifier) / "config.json").read_text()).get("architectures")
     cfg = vllm_config(model.config, dtype=dtype, verifier=verifier,
@@ -227,6 +247,10 @@ def load_vllm(export_dir: Path, embeddings: torch.Tensor | None = None) -> Eagle
 
     export_dir = Path(export_dir)
     c = json.loads((export_dir / "config.json").read_text())
+    if _is_mla(c):
+        from eagle3_assets.drafter.export_mla import load_mla
+
+        return load_mla(export_dir, embeddings, engine="vllm")
     if c.get("speculators_model_type") != "eagle3":
         raise ValueError(f"{export_dir}: not a speculators eagle3 checkpoint")
     for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
@@ -257,6 +281,10 @@ def check_sglang_export(export_dir: Path) -> list[str]:
     if not cfg_path.exists() or not weights_path.exists():
         return [f"{export_dir}: config.json or model.safetensors is missing"]
     cfg = json.loads(cfg_path.read_text())
+    if _is_mla(cfg):
+        from eagle3_assets.drafter.export_mla import check_mla_export
+
+        return check_mla_export(export_dir, "sglang")
     problems = [f"config.json lacks {k!r}" for k in SGLANG_CONFIG_KEYS if k not in cfg]
     if cfg.get("architectures") != ["LlamaForCausalLMEagle3"]:
         problems.append(f"architectures is {cfg.get('architectures')}, not ['LlamaForCausalLMEagle3']")
@@ -313,6 +341,10 @@ def check_vllm_export(export_dir: Path) -> list[str]:
     if not cfg_path.exists() or not weights_path.exists():
         return [f"{export_dir}: config.json or model.safetensors is missing"]
     cfg = json.loads(cfg_path.read_text())
+    if _is_mla(cfg):
+        from eagle3_assets.drafter.export_mla import check_mla_export
+
+        return check_mla_export(export_dir, "vllm")
     problems = []
     if cfg.get("speculators_model_type") != "eagle3":
         problems.append(f"speculators_model_type is {cfg.get('speculators_model_type')!r}, not 'eagle3'")

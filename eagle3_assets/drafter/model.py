@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eagle3_assets.drafter.attention import ATTENTION, attention_class
 from eagle3_assets.drafter.rope import drafter_rope_scaling, rope_frequencies
 
 # ----------------------------------------------------------------------------- config
@@ -54,10 +55,16 @@ class DrafterConfig:
     rope_scaling: dict | None = None
     hidden_act: str = "silu"
     initializer_range: float = 0.02
+    attention: str = "llama"  # a key of ATTENTION
+    mla: dict | None = None  # attention "mla": the target's MLA sizes (see drafter/mla.py)
 
     def __post_init__(self):
         if self.hidden_act != "silu":
             raise ValueError(f"only the SwiGLU (silu) MLP is implemented, got {self.hidden_act!r}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {sorted(ATTENTION)}, got {self.attention!r}")
+        if (self.attention == "mla") != (self.mla is not None):
+            raise ValueError("attention 'mla' needs the target's MLA sizes (mla), and only it")
         self.rope_scaling = drafter_rope_scaling(self.rope_scaling)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
@@ -70,11 +77,14 @@ class DrafterConfig:
         draft_vocab_size: int,
         aux_layer_ids: list[int] | None = None,
         intermediate_size: int | None = None,
+        attention: str = "llama",
     ) -> DrafterConfig:
         """A drafter shaped like one layer of the target, from its ``config.json`` dict (the
         ``text_config`` of a multimodal wrapper such as Kimi-K2.5). The rope (theta and yarn
         scaling) is the target's; for an MLA target (DeepSeek-V3 / Kimi) whose ``head_dim`` means
-        the rope width, the drafter's Llama heads are ``v_head_dim`` wide."""
+        the rope width, the drafter's Llama heads are ``v_head_dim`` wide; ``attention="mla"``
+        gives the drafter the target's own MLA shape instead."""
+        from eagle3_assets.drafter.mla import mla_shape
         from eagle3_assets.hidden_states.layers import resolve_layer_ids
 
         text = target.get("text_config") or target
@@ -103,6 +113,8 @@ class DrafterConfig:
             aux_layer_ids=resolve_layer_ids(int(text["num_hidden_layers"]), aux_layer_ids),
             rope_scaling=scaling,
             hidden_act=text.get("hidden_act", "silu"),
+            attention=attention,
+            mla=mla_shape(text) if attention == "mla" else None,
         )
 
     def to_dict(self) -> dict:
@@ -155,6 +167,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Attention(nn.Module):
     """Llama GQA attention whose q/k/v read the 2H-wide concat of embedding and hidden."""
 
+    @staticmethod
+    def rotary(cfg: DrafterConfig) -> nn.Module:
+        return Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
@@ -194,7 +210,7 @@ class Eagle3Layer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on token embeddings
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the hidden stream
-        self.self_attn = Attention(cfg)
+        self.self_attn = attention_class(cfg.attention)(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -285,7 +301,7 @@ class Eagle3Drafter(nn.Module):
         self.midlayer = Eagle3Layer(cfg)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = attention_class(cfg.attention).rotary(cfg)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
 

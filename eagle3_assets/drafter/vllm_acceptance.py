@@ -153,8 +153,7 @@ def measure_recipe(recipe_name: str, *, python: str | None = None, layout=None, 
     if not ev_path.exists() or not (out / "vllm" / "config.json").exists():
         raise FileNotFoundError(f"{out}: no trained drafter (eval.json and vllm/): materialize drafter_checkpoint[{recipe.name}]")
     ev = json.loads(ev_path.read_text())
-    model_dir = Path(json.loads((out / "vllm" / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
-                     or resolve_model_dir("", layout.models_dir))
+    model_dir = Path(json.loads((out / "job.json").read_text()).get("target_dir") or resolve_model_dir("", layout.models_dir))
     prompts = eval_prompts(layout, recipe.datasets, recipe.evaluation.eval_samples)
     stops = _stop_ids(model_dir, trust_remote_code)
     greedy = _greedy(model_dir, prompts, recipe.evaluation.eval_max_new_tokens, stops)
@@ -180,7 +179,7 @@ def _greedy(model_dir: Path, prompts, max_new_tokens: int, stop_ids: list[int]) 
     from eagle3_assets.drafter.spec_decode import greedy_generate
     from eagle3_assets.target.loading import load_causal_lm
 
-    target = load_causal_lm(model_dir)
+    target = load_causal_lm(model_dir)  # a multimodal wrapper's language model too (Kimi-K2.5)
     return [greedy_generate(target, p, max_new_tokens=max_new_tokens, stop_ids=stop_ids) for p in prompts]
 
 

@@ -60,14 +60,18 @@ def load_corpus(corpus_parquet: Path | str) -> pl.DataFrame:
     return frame
 
 
-def plan_batches(lengths: list[int], batch_tokens: int, max_rows: int | None = None) -> list[list[int]]:
+def plan_batches(lengths: list[int], batch_tokens: int, max_rows: int | None = None,
+                 page_size: int = 1) -> list[list[int]]:
     """Row indices grouped longest first, each group's padded size ``n * max_len`` within budget
-    (and at most ``max_rows`` rows, where the backend sizes a request pool)."""
+    (and at most ``max_rows`` rows, where the backend sizes a request pool). With a paged KV pool
+    (SGLang's ``page_size``, 64 for MLA on Blackwell) every row takes whole pages, so the width
+    counted is the longest row rounded up to pages."""
+    page = max(1, int(page_size))
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     cur: list[int] = []
     for i in order:
-        width = lengths[cur[0]] if cur else lengths[i]
+        width = -(-(lengths[cur[0]] if cur else lengths[i]) // page) * page
         if cur and ((len(cur) + 1) * width > batch_tokens or (max_rows is not None and len(cur) >= max_rows)):
             batches.append(cur)
             cur = []
@@ -77,10 +81,13 @@ def plan_batches(lengths: list[int], batch_tokens: int, max_rows: int | None = N
     return batches
 
 
-def _problem(n: int, m: int | None, lo: int | None, hi: int | None, vocab: int | None) -> str | None:
+def _problem(n: int, m: int | None, lo: int | None, hi: int | None, vocab: int | None,
+             max_length: int | None = None) -> str | None:
     """Why a corpus row cannot be prefilled, from its length, mask length and id range."""
     if not n:
         return "empty sequence"
+    if max_length is not None and n > max_length:
+        return f"{n} tokens is longer than the target's context ({max_length})"
     if m != n:
         return f"loss_mask has {m} entries for {n} tokens"
     if vocab is not None and (lo < 0 or hi >= vocab):
@@ -154,9 +161,10 @@ def extract_corpus(
     sid_col = todo["sample_id"].to_list()
     split_col = todo["split"].to_list()
     vocab = getattr(extractor, "vocab_size", None)
+    max_length = getattr(extractor, "max_length", None)
     good: list[int] = []
     for i, (n, m, lo, hi) in enumerate(stats.iter_rows()):
-        why = _problem(n, m, lo, hi, vocab)
+        why = _problem(n, m, lo, hi, vocab, max_length)
         if why is None:
             good.append(i)
         else:
@@ -164,7 +172,8 @@ def extract_corpus(
             report.quarantined_new += 1
 
     try:
-        for batch in plan_batches([lengths[i] for i in good], batch_tokens, getattr(extractor, "max_rows", None)):
+        for batch in plan_batches([lengths[i] for i in good], batch_tokens, getattr(extractor, "max_rows", None),
+                                  getattr(extractor, "page_size", 1)):
             rows = [good[j] for j in batch]
             part = todo[rows]  # only this batch's ids become Python lists
             t0 = time.perf_counter()

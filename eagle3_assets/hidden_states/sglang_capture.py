@@ -36,6 +36,47 @@ REQUIRED_SERVER_ARGS = {
     "pp_size": 1,  # the last pipeline stage alone sees the final states
 }
 
+# Server args SGLang accepts that break a capture, each with the reason (0.5.14 names). Refused when
+# given, and checked again on the resolved ServerArgs, which switch some on by themselves.
+BREAKS_CAPTURE = {
+    "enable_dp_attention": "data-parallel attention gives each attention rank its own share of the batch's requests "
+                           "(SpecForge needs prepare_mlp_sync_batch_raw to run it), so no rank captures the whole batch",
+    "enable_attn_tp_input_scattered": "it scatters a prefill's tokens over the tensor-parallel ranks, so each rank "
+                                      "holds only a slice of every captured state",
+    "enable_two_batch_overlap": "two-batch overlap runs a batch as two micro-batches whose later layers skip the "
+                                "capture",
+}
+
+
+class CapturePoolError(ValueError):
+    """A row or batch the capture's KV pool cannot hold; raised before any batch runs."""
+
+
+def paged(tokens: int, page_size: int) -> int:
+    """Tokens ``tokens`` take in a paged KV pool: whole pages (SGLang allocates per request)."""
+    page = max(1, int(page_size))
+    return -(-int(tokens) // page) * page
+
+
+def kv_pool_tokens(longest_row: int, batch_tokens: int, page_size: int = 1) -> int:
+    """SGLang's ``max_total_tokens`` for a capture: the most one batch can hold at once. Batches
+    are planned in whole pages (``plan_batches(page_size=)``) within ``batch_tokens``, except that a
+    row longer than that runs alone; the pool is the larger of the two, in whole pages."""
+    return paged(max(int(batch_tokens), paged(longest_row, page_size)), page_size)
+
+
+def breaking_args(args) -> list[str]:
+    """The :data:`BREAKS_CAPTURE` settings that are on in ``args`` (a dict or a ServerArgs)."""
+    get = args.get if isinstance(args, dict) else (lambda k: getattr(args, k, None))
+    return [k for k in BREAKS_CAPTURE if get(k)]
+
+
+def refuse_breaking(args, where: str) -> None:
+    bad = breaking_args(args)
+    if bad:
+        reasons = "; ".join(f"{k}: {BREAKS_CAPTURE[k]}" for k in bad)
+        raise ValueError(f"{where} turn on what breaks a hidden-state capture ({reasons}); leave them off")
+
 # What the SGLang path relies on that could not be executed here (no GPU, no sglang).
 UNVERIFIED = [
     f"sglang=={SGLANG_VERSION}: ServerArgs(**capture_server_args(...)) validates; ModelConfig.from_server_args, then "
@@ -56,6 +97,9 @@ UNVERIFIED = [
     "every rank, so rank 0's copy is the whole answer.",
     "The object CaptureHead returns passes through ModelRunner.forward unchanged as output.logits_output (no "
     "post-processing touches next_token_logits in extend mode without MLP sync).",
+    "ServerArgs.__post_init__ resolves page_size (64 where DeepSeek/Kimi pick trtllm_mla on sm100, 1 for fa3 on H200) "
+    "and leaves max_total_tokens settable before ModelRunner reads it; after alloc_memory_pool, "
+    "runner.max_total_num_tokens is the pool actually allocated (capped by GPU memory, floored to pages).",
     "layers_to_capture indices mean 'the residual stream entering layer i' (hidden + residual before layer i) in "
     "the models used; set_capture_layers forces [k + 1 for k in ids] after the model's own setter, whose +1 rule "
     "differs between llama.py (always) and deepseek_v2.py (only when ids[0] == 1) in 0.5.14.",
@@ -66,10 +110,12 @@ def capture_server_args(model_path: str, *, tp_size: int, max_tokens: int, max_r
                         trust_remote_code: bool = False, extra: dict | None = None) -> dict:
     """``ServerArgs`` keywords for a prefill-only capture of exact ids on ``tp_size`` GPUs.
 
-    The KV pool holds one batch (``max_tokens``) and ``max_rows`` requests: the pass keeps
-    nothing between batches, so the rest of the memory goes to weights and activations.
+    The KV pool holds one batch (``max_tokens``, see :func:`kv_pool_tokens`) and ``max_rows``
+    requests: the pass keeps nothing between batches, so the rest of the memory goes to weights
+    and activations.
     """
     extra = dict(extra or {})
+    refuse_breaking(extra, "server_args")
     clash = sorted(k for k in extra if k in REQUIRED_SERVER_ARGS and extra[k] != REQUIRED_SERVER_ARGS[k])
     if clash:
         raise ValueError(f"server_args {clash} would break the capture; they are fixed to "
@@ -155,25 +201,49 @@ class SGLangCapture:
     """
 
     def __init__(self, model_path: str, *, layer_ids: Sequence[int], tp_rank: int, tp_size: int, gpu_id: int,
-                 max_tokens: int, max_rows: int, dtype: str = "auto", trust_remote_code: bool = False,
-                 server_args: dict | None = None, nccl_port: int = 0):
+                 batch_tokens: int, longest_row: int, max_rows: int, dtype: str = "auto",
+                 trust_remote_code: bool = False, server_args: dict | None = None, nccl_port: int = 0):
+        import sglang
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.layers.logits_processor import LogitsProcessor
         from sglang.srt.model_executor.model_runner import ModelRunner
         from sglang.srt.server_args import ServerArgs
 
-        args = ServerArgs(**capture_server_args(model_path, tp_size=tp_size, max_tokens=max_tokens, max_rows=max_rows,
-                                                dtype=dtype, trust_remote_code=trust_remote_code, extra=server_args))
+        from eagle3_assets.target.engines import check_version
+
+        args = ServerArgs(**capture_server_args(model_path, tp_size=tp_size, max_tokens=batch_tokens,
+                                                max_rows=max_rows, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                extra=server_args))
+        refuse_breaking(args, "the resolved ServerArgs")  # SGLang turns some on by itself (e.g. prefill CP)
+        self.page_size = int(args.page_size or 1)  # resolved: 64 for trtllm_mla (Blackwell, DeepSeek/Kimi)
+        self.pool_tokens = kv_pool_tokens(longest_row, batch_tokens, self.page_size)
+        fixed = (server_args or {}).get("max_total_tokens")
+        if fixed is not None and fixed < self.pool_tokens:
+            raise CapturePoolError(f"server_args max_total_tokens {fixed} cannot hold the longest row ({longest_row} "
+                                   f"tokens in pages of {self.page_size}) or a batch of {batch_tokens} tokens: "
+                                   f"it needs {self.pool_tokens}")
+        args.max_total_tokens = max(self.pool_tokens, fixed or 0)
+        model_config = ModelConfig.from_server_args(args)
+        hf_config = getattr(model_config, "hf_config", None)
+        check_version("sglang", sglang.__version__, "eagle3", hf_config.to_dict() if hf_config is not None else {})
         self.runner = ModelRunner(
-            model_config=ModelConfig.from_server_args(args), mem_fraction_static=args.mem_fraction_static,
+            model_config=model_config, mem_fraction_static=args.mem_fraction_static,
             gpu_id=gpu_id, tp_rank=tp_rank, tp_size=tp_size, moe_ep_rank=tp_rank // (tp_size // args.ep_size),
             moe_ep_size=args.ep_size, pp_rank=0, pp_size=1, nccl_port=nccl_port, server_args=args,
         )
         self.runner.alloc_memory_pool()
+        allocated = int(getattr(self.runner, "max_total_num_tokens", args.max_total_tokens))
+        if allocated < self.pool_tokens:  # SGLang caps the pool at what the GPUs' memory leaves
+            raise CapturePoolError(f"SGLang's KV pool holds {allocated} tokens, but the longest row ({longest_row} "
+                                   f"tokens in pages of {self.page_size}) or a batch of {batch_tokens} needs "
+                                   f"{self.pool_tokens}: raise mem_fraction_static, lower batch_tokens, or use more GPUs")
         self.runner.init_attention_backends()
         self.runner.init_cuda_graphs()
         self.layers_to_capture = set_capture_layers(self.runner.model, layer_ids)
         replace_logits_processors(self.runner.model, LogitsProcessor)
+
+    def __call__(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.capture(rows)
 
     @torch.no_grad()
     def capture(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:

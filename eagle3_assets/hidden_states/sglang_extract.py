@@ -46,22 +46,34 @@ class SGLangExtractionJob(JobFile):
     tp_size: int = Field(1, ge=1)
     dtype: Literal["bf16", "fp8"] = "bf16"  # shard storage
     shard_bytes: int = Field(1 << 30, ge=1)
-    batch_tokens: int = Field(16384, ge=1)  # tokens per forward (and the KV pool's size)
+    batch_tokens: int = Field(16384, ge=1)  # tokens per forward, in whole KV pages (a longer row runs alone)
     max_rows: int = Field(256, ge=1)  # requests per forward (the request pool's size)
+    max_length: int | None = Field(None, ge=1)  # the target's context: longer rows are quarantined, never run
     retry_quarantined: bool = False
     model_dtype: str = "auto"  # SGLang's --dtype
     trust_remote_code: bool = False
     server_args: dict = Field(default_factory=dict)  # further ServerArgs fields (e.g. mem_fraction_static)
 
 
+def longest_row(job: SGLangExtractionJob) -> int:
+    """The longest corpus row the capture will run (rows over ``max_length`` are quarantined):
+    what the KV pool is sized for, on every rank alike."""
+    import polars as pl
+
+    n = pl.scan_parquet(job.corpus).select(pl.col("input_ids").list.len().alias("n"))
+    if job.max_length is not None:
+        n = n.filter(pl.col("n") <= job.max_length)
+    return int(n.select(pl.col("n").max()).collect().item() or 1)
+
+
 def sglang_capture(job: SGLangExtractionJob, group: Group, layer_ids: list[int]):
-    """The real capture: this rank's SGLang model."""
+    """The real capture: this rank's SGLang model, its KV pool sized from the longest row."""
     from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
 
     return SGLangCapture(job.model_path, layer_ids=layer_ids, tp_rank=group.rank, tp_size=group.world_size,
-                         gpu_id=group.local_rank, max_tokens=job.batch_tokens, max_rows=job.max_rows,
-                         dtype=job.model_dtype, trust_remote_code=job.trust_remote_code, server_args=job.server_args,
-                         nccl_port=int(os.environ.get("MASTER_PORT", "0"))).capture
+                         gpu_id=group.local_rank, batch_tokens=job.batch_tokens, longest_row=longest_row(job),
+                         max_rows=job.max_rows, dtype=job.model_dtype, trust_remote_code=job.trust_remote_code,
+                         server_args=job.server_args, nccl_port=int(os.environ.get("MASTER_PORT", "0")))
 
 
 def describe(job: SGLangExtractionJob, layer_ids: list[int], backend: str) -> dict:
@@ -83,7 +95,8 @@ def run_extraction(job: SGLangExtractionJob, capture_factory=sglang_capture, *, 
 
         backend = f"sglang-{SGLANG_VERSION}"
     leader = LeaderExtractor(capture, group, hidden_size=job.hidden_size, vocab_size=job.vocab_size,
-                             max_rows=job.max_rows, describe=describe(job, layer_ids, backend))
+                             max_rows=job.max_rows, max_length=job.max_length,
+                             page_size=getattr(capture, "page_size", 1), describe=describe(job, layer_ids, backend))
     try:
         report = extract_corpus(job.corpus, job.out_dir, leader, dtype=job.dtype, shard_bytes=job.shard_bytes,
                                 batch_tokens=job.batch_tokens, retry_quarantined=job.retry_quarantined,

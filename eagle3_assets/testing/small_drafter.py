@@ -19,38 +19,88 @@ HELD_OUT = ["What is the capital of Italy?", "Name two animals.", "What is 5+6? 
             "What is 9+3? Answer with a number only.", "Say goodbye in French."]
 
 
-def train_small_drafter(embedded, model_dir: Path, out_dir: Path, *, k: int = 3, layer_ids=(1, 14, 26),
-                        steps: int = 40, export_dtype: str = "float32") -> Path:
-    """Train on ``TRAIN_QUESTIONS`` and return the vLLM (speculators) export directory. float32 by
-    default, so vLLM and the project's evaluator run the very same weights."""
-    from eagle3_assets.drafter.export import export_vllm
-    from eagle3_assets.drafter.model import DrafterConfig, build_drafter
+def train_small_drafter(embedded, model_dir: Path, out_dir: Path, *, k: int = 3, layer_ids=None,
+                        steps: int = 40, export_dtype: str = "float32", attention: str = "llama",
+                        questions: list[str] | None = None, max_new_tokens: int = 24) -> Path:
+    """Train on ``questions`` (default ``TRAIN_QUESTIONS``) and return the vLLM export directory
+    (speculators format, or vLLM's MLA layout for ``attention="mla"``). float32 by default, so vLLM
+    and the project's evaluator run the very same weights; aux layers default to the target's."""
+    features = answer_features(embedded, model_dir, Path(out_dir) / "features", questions or TRAIN_QUESTIONS,
+                               layer_ids=layer_ids, max_new_tokens=max_new_tokens)
+    model = train_on_features(features, model_dir, Path(out_dir) / "train", k=k, steps=steps, attention=attention)
+    return export_vllm_float(model, model_dir, Path(out_dir) / "vllm", k=k, dtype=export_dtype)
+
+
+def answer_features(embedded, model_dir: Path, out_dir: Path, questions: list[str], *, layer_ids=None,
+                    max_new_tokens: int = 24) -> Path:
+    """The target's greedy answers to ``questions`` and their features, stored as the
+    ``hidden_states`` asset stores them (a shard directory training streams from)."""
     from eagle3_assets.drafter.spec_decode import target_features
+    from eagle3_assets.hidden_states.layers import resolve_layer_ids
+    from eagle3_assets.hidden_states.write import write_samples
+
+    text = _text_config(model_dir)
+    layer_ids = resolve_layer_ids(text["num_hidden_layers"], list(layer_ids) if layer_ids else None)
+    prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in questions]
+    gens = embedded.generate(prompts, max_new_tokens=max_new_tokens)
+    seqs = [p + g.output_ids for p, g in zip(prompts, gens)]
+    masks = [[0] * len(p) + [1] * len(g.output_ids) for p, g in zip(prompts, gens)]
+    feats = target_features(embedded.model, seqs, masks, layer_ids)
+    write_samples(out_dir, feats, layer_ids=layer_ids, num_layers=text["num_hidden_layers"],
+                  target={"name": Path(model_dir).name, "id": "small-drafter"})
+    return Path(out_dir)
+
+
+def train_on_features(features: Path, model_dir: Path, out_dir: Path, *, k: int = 3, steps: int = 40,
+                      attention: str = "llama", draft_vocab_size: int = 512, intermediate_size: int = 256,
+                      lr: float = 3e-3, max_length: int = 64):
+    """A drafter of ``attention`` kind trained by the project's trainer on a shard directory."""
+    from eagle3_assets.drafter.model import DrafterConfig, build_drafter
     from eagle3_assets.drafter.target_weights import read_target_config, read_target_embeddings, read_target_lm_head
     from eagle3_assets.drafter.training.config import TrainSettings
     from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset
     from eagle3_assets.drafter.training.loop import train
     from eagle3_assets.drafter.training.teacher import Teacher
     from eagle3_assets.drafter.vocab_map import build_vocab_map
-    from eagle3_assets.hidden_states.write import write_samples
 
-    out_dir = Path(out_dir)
-    prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in TRAIN_QUESTIONS]
-    gens = embedded.generate(prompts, max_new_tokens=24)
-    seqs = [p + g.output_ids for p, g in zip(prompts, gens)]
-    masks = [[0] * len(p) + [1] * len(g.output_ids) for p, g in zip(prompts, gens)]
-    feats = target_features(embedded.model, seqs, masks, list(layer_ids))
-    cfg = read_target_config(model_dir)
-    # stored as the hidden_states asset stores them, then streamed back as training does
-    write_samples(out_dir / "features", feats, layer_ids=list(layer_ids), num_layers=cfg["num_hidden_layers"],
-                  target={"name": Path(model_dir).name, "id": "small-drafter"})
-    dataset = ShardDataset({out_dir / "features": 1.0}, max_length=64)
-    vmap = build_vocab_map(dataset.token_counts(cfg["vocab_size"]), 512)
+    dataset = ShardDataset({Path(features): 1.0}, max_length=max_length)
+    vmap = build_vocab_map(dataset.token_counts(_text_config(model_dir)["vocab_size"]), draft_vocab_size)
     teacher = Teacher(read_target_lm_head(model_dir).float(), vmap)
-    dcfg = DrafterConfig.from_target(cfg, draft_vocab_size=512, intermediate_size=256)
+    dcfg = DrafterConfig.from_target(read_target_config(model_dir), draft_vocab_size=draft_vocab_size,
+                                     intermediate_size=intermediate_size, attention=attention,
+                                     aux_layer_ids=dataset.aux_layer_ids)
     model = build_drafter(dcfg, read_target_embeddings(model_dir), vmap, seed=0)
-    settings = TrainSettings(max_steps=steps, batch_size=4, ttt_steps=k, lr=3e-3, warmup_steps=3,
-                             checkpoint_every=steps, max_length=64)
-    train(settings, model, ShardBatches(dataset, 4, seed=0), teacher, out_dir / "train", progress=False)
+    settings = TrainSettings(max_steps=steps, batch_size=4, ttt_steps=k, lr=lr, warmup_steps=3,
+                             checkpoint_every=steps, max_length=max_length)
+    train(settings, model, ShardBatches(dataset, 4, seed=0), teacher, Path(out_dir), progress=False)
     dataset.close()
-    return export_vllm(model.eval(), out_dir / "vllm", dtype=export_dtype, verifier=str(model_dir), speculative_tokens=k)
+    return model.eval()
+
+
+def export_vllm_float(model, model_dir: Path, out_dir: Path, *, k: int = 3, dtype: str = "float32") -> Path:
+    from eagle3_assets.drafter.export import export_vllm
+
+    return export_vllm(model, out_dir, dtype=dtype, verifier=str(model_dir), speculative_tokens=k)
+
+
+def _text_config(model_dir: Path) -> dict:
+    from eagle3_assets.drafter.target_weights import read_target_config
+
+    cfg = read_target_config(model_dir)
+    return cfg.get("text_config") or cfg  # a multimodal wrapper's language model (Kimi-K2.5)
+
+
+def served_vs_project(api_url: str, embedded, export_dir: Path, prompts, *, k: int, max_new_tokens: int):
+    """The same export's acceptance by a speculating vLLM's counters and by the project's evaluator
+    (which loads the files vLLM loaded), with the greedy reference both must reproduce:
+    ``(engine, project, figures)``."""
+    from eagle3_assets.drafter.export import load_vllm
+    from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
+    from eagle3_assets.drafter.vllm_acceptance import compare, measure_acceptance
+
+    greedy = [greedy_generate(embedded.model, p, max_new_tokens=max_new_tokens, stop_ids=embedded.stop_ids)
+              for p in prompts]
+    engine = measure_acceptance(api_url, prompts, k=k, max_new_tokens=max_new_tokens, greedy_reference=greedy)
+    project = evaluate_acceptance(embedded.model, load_vllm(export_dir).float().eval(), prompts, k=k,
+                                  max_new_tokens=max_new_tokens, stop_ids=embedded.stop_ids, greedy_reference=greedy)
+    return engine, project, compare(project.as_metadata(), engine)

@@ -95,6 +95,7 @@ class DraftShape(_Section):
     draft_vocab_size: int = Field(ge=1)
     intermediate_size: int | None = Field(None, ge=1)  # None: the target's
     aux_layer_ids: list[int] | None = None  # None: [1, L//2 - 1, L - 4]
+    attention: Literal["llama", "mla"] = "llama"  # "mla": the target's own MLA shape (DeepSeek-V3 / Kimi targets)
 
     @field_validator("aux_layer_ids")
     @classmethod

@@ -38,7 +38,8 @@ def drafter_config(job: TrainJob, dataset: ShardDataset) -> DrafterConfig:
         raise ValueError(f"the recipe asks for aux layers {list(wanted)} but the hidden states hold {stored}: "
                          "re-extract with those layer_ids or drop aux_layer_ids from the recipe")
     cfg = DrafterConfig.from_target(read_target_config(job.target_dir), draft_vocab_size=job.shape.draft_vocab_size,
-                                    aux_layer_ids=wanted or stored, intermediate_size=job.shape.intermediate_size)
+                                    aux_layer_ids=wanted or stored, intermediate_size=job.shape.intermediate_size,
+                                    attention=job.shape.attention)
     if dataset.readers and dataset.hidden_size != cfg.target_hidden_size:
         raise ValueError(f"the hidden states have hidden size {dataset.hidden_size}, the target {cfg.target_hidden_size}")
     return cfg
