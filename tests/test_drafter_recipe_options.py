@@ -177,3 +177,17 @@ def test_norm_before_fc_is_served_by_vllm_alone(tmp_path):
     plain, _, _ = tiny_drafter()
     sg = export_sglang(plain, tmp_path / "sglang-plain", dtype="float32")
     assert check_sglang_export(sg) == []
+
+
+def test_target_ids_are_cached_per_sample_and_unchanged():
+    """The second epoch reads the argmax from the cache: the same terms, no full-vocabulary matmul."""
+    model, vmap, head = tiny_drafter()
+    teacher = Teacher(head, vmap)
+    batch = {**batch_of([9, 14, 4], head, vmap), "keys": ["a", "b", "c"]}
+    trainer = Trainer(TrainSettings(max_steps=1, ttt_steps=2), model, Batches([batch]), teacher, "unused")
+    first = [{k: float(v.detach()) for k, v in t.items()} for t in trainer.step_sums(batch)]
+    assert set(trainer.target_ids.store) == {"a", "b", "c"}
+    calls = []
+    teacher.target_ids = lambda h: calls.append(h) or torch.zeros(h.shape[0], dtype=torch.long)
+    again = [{k: float(v.detach()) for k, v in t.items()} for t in trainer.step_sums(batch)]
+    assert not calls and again == first

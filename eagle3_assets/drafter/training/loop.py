@@ -29,7 +29,7 @@ from eagle3_assets.drafter.training.config import TrainSettings
 from eagle3_assets.drafter.training.distributed import all_reduce_sum, barrier, dist_info, rng_state, set_rng_state
 from eagle3_assets.drafter.training.metrics import TrainResult, plot_training_curve
 from eagle3_assets.drafter.training.optim import Optimizers
-from eagle3_assets.drafter.training.teacher import TERMS, Teacher, padded_step_terms, step_terms
+from eagle3_assets.drafter.training.teacher import TERMS, TargetIdCache, Teacher, padded_step_terms, step_terms
 
 # Settings a resumed run may change: they decide when to stop and what to keep, not the weights so far.
 RESUMABLE_CHANGES = {"max_steps", "epochs", "checkpoint_every", "keep_checkpoints"}
@@ -45,6 +45,7 @@ class Trainer:
         self.out_dir = Path(out_dir)
         self.total_steps = total_steps or settings.total_steps(len(data))
         self.compute_dtype, self.vocab_hash, self.progress, self.packed = compute_dtype, vocab_hash, progress, packed
+        self.target_ids = TargetIdCache(teacher)
         self.rank, self.world = dist_info()
         self.device = next(model.parameters()).device
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -122,6 +123,8 @@ class Trainer:
         """Tensors on the device; states (stored in bf16 or fp32) in the compute dtype."""
         out = {k: batch[k].to(self.device, non_blocking=True)
                for k in ("input_ids", "loss_mask", "attention_mask", "aux_hidden", "last_hidden")}
+        if "keys" in batch:
+            out["keys"] = batch["keys"]
         for k in ("aux_hidden", "last_hidden"):
             out[k] = out[k].to(self.compute_dtype)
         return out
@@ -157,7 +160,8 @@ class Trainer:
                 logits = self.net(batch["input_ids"], aux, batch["attention_mask"], ttt_steps=s.ttt_steps)
             return padded_step_terms(logits, batch, teacher_out, self.model.d2t, need)
         packed = PackedBatch(batch, s.ttt_steps)  # no work on padding; the teacher only where it is read
-        teacher_out = self.teacher(packed.last_hidden[packed.teacher_rows][None])
+        target_ids = self.target_ids(batch.get("keys"), packed)
+        teacher_out = self.teacher(packed.last_hidden[packed.teacher_rows][None], target_ids[None])
         in_draft = torch.zeros(packed.n, dtype=torch.bool, device=self.device)
         in_draft[packed.teacher_rows] = teacher_out[2][0]
         packed.count(in_draft)
