@@ -47,6 +47,8 @@ MAX_NEW_TOKENS = 128  # the issue's data: 260 greedy replies of at most 128 toke
 DATA = {
     "dq": {"temperature": 0.0, "samples_per_prompt": 1},  # the target's greedy reply
     "dq_t07x2": {"temperature": 0.7, "top_p": 0.95, "seed": 1, "samples_per_prompt": 2},  # 2 sampled replies
+    "dq_t07x6": {"temperature": 0.7, "top_p": 0.95, "seed": 2, "samples_per_prompt": 6},  # 6 more (8 with the above)
+    "dq_t1x2": {"temperature": 1.0, "top_p": 1.0, "seed": 3, "samples_per_prompt": 2},  # 2 at T 1 (temperature)
 }
 
 
@@ -245,46 +247,93 @@ def train_row(name: str, threads: int) -> dict:
             "row_process_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def screen_row(root: Path, name: str, threads: int) -> dict:
-    """(In a fresh process.) A screening row: the trainer entry point on the recipe's job (as the
-    asset launches it), then the project's evaluator on the trained drafter alone, against the
-    greedy outputs shared by every row (no untrained baseline, no checks)."""
+def replay_items(root: Path, layout, prompts: list[list[int]], max_new_tokens: int, layer_ids: list[int]):
+    """The target's part of the replay evaluator for the held-out prompts (one prefill each over
+    prompt + greedy reply, 8 greedy tokens past it), computed once for all rows."""
+    import torch
+
+    path = root / "results" / f"replay-{max_new_tokens}.pt"
+    if path.exists():
+        cached = torch.load(path, weights_only=False)
+        if cached["prompts"] == prompts and cached["layer_ids"] == layer_ids:
+            return cached["items"]
+    from eagle3_assets.drafter.replay_acceptance import replay_inputs
+    from eagle3_assets.target.embedded import ensure_default_model
+    from eagle3_assets.target.loading import load_causal_lm
+
+    greedy = greedy_reference(root, layout, prompts, max_new_tokens)
+    target = load_causal_lm(ensure_default_model(layout.models_dir))
+    items = replay_inputs(target, prompts, greedy, layer_ids, lookahead=REPLAY_LOOKAHEAD)
+    torch.save({"prompts": prompts, "layer_ids": layer_ids, "items": items}, path)
+    return items
+
+
+REPLAY_LOOKAHEAD = 8  # greedy tokens past each reply: enough for any k <= 8
+
+
+def replay_row(root: Path, name: str) -> dict:
+    """The replay evaluator (``drafter/replay_acceptance.py``: exact, seconds) on the row's export."""
+    import time as _t
+
     from eagle3_assets.drafter.evaluate import eval_prompts, load_export
     from eagle3_assets.drafter.recipes import load_recipe
-    from eagle3_assets.drafter.spec_decode import evaluate_acceptance
+    from eagle3_assets.drafter.replay_acceptance import replay_acceptance
     from eagle3_assets.drafter.target_weights import read_target_embeddings
+    from eagle3_assets.paths import DataLayout
+    from eagle3_assets.target.embedded import ensure_default_model
+    from eagle3_assets.target.loading import read_generation_stop_ids
+
+    layout = DataLayout.from_env()
+    recipe = load_recipe(name)
+    ev = recipe.evaluation
+    model_dir = ensure_default_model(layout.models_dir)
+    drafter = load_export(layout.drafter_dir(name), read_target_embeddings(model_dir)).float().eval()
+    prompts = eval_prompts(layout, recipe.datasets, ev.eval_samples)
+    items = replay_items(root, layout, prompts, ev.eval_max_new_tokens, drafter.config.aux_layer_ids)
+    t0 = _t.perf_counter()
+    rep = replay_acceptance(drafter, items, k=ev.speculative_k, max_new_tokens=ev.eval_max_new_tokens,
+                            stop_ids=read_generation_stop_ids(model_dir))
+    return {**rep.as_metadata(), "seconds": round(_t.perf_counter() - t0, 1), "prompts": len(prompts),
+            "k": ev.speculative_k, "max_new_tokens": ev.eval_max_new_tokens,
+            "greedy_mismatches": sum(i.greedy_mismatches for i in items)}
+
+
+def screen_row(root: Path, name: str, threads: int, piece_steps: int) -> dict:
+    """(In a fresh process.) A screening row: the trainer entry point on the recipe's job (as the
+    asset launches it), at most ``piece_steps`` more optimizer steps per call (0: to the end; the
+    trainer resumes from its checkpoint), then the replay evaluator on the trained drafter."""
+    from eagle3_assets.drafter.recipes import load_recipe
+    from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint
     from eagle3_assets.drafter.training.config import ExportSettings, RuntimeSettings, TrainJob
     from eagle3_assets.paths import DataLayout
     from eagle3_assets.target.embedded import ensure_default_model
-    from eagle3_assets.target.loading import load_causal_lm
 
     layout = DataLayout.from_env()
     recipe = load_recipe(name)
     out = layout.drafter_dir(name)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    model_dir = ensure_default_model(layout.models_dir)
-    job = TrainJob(target_dir=str(model_dir), out_dir=str(out),
+    ckpt = latest_checkpoint(out) if out.exists() else None
+    done = load_checkpoint(ckpt)["step"] if ckpt else 0
+    if ckpt is None:
+        shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    job = TrainJob(target_dir=str(ensure_default_model(layout.models_dir)), out_dir=str(out),
                    datasets={str(layout.hidden_states_dir(d)): w for d, w in recipe.datasets.items()},
                    training=recipe.training, shape=recipe.shape,
-                   runtime=RuntimeSettings(threads=threads, progress=False),
+                   runtime=RuntimeSettings(threads=threads, progress=False,
+                                           stop_after=done + piece_steps if piece_steps else None),
                    export=ExportSettings(sglang="sglang" in recipe.shape.engines, vllm="vllm" in recipe.shape.engines))
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "eagle3_assets.drafter.training", "--config", str(job.write(out / "job.json"))],
                    check=True, stdout=subprocess.DEVNULL)
-    ev = recipe.evaluation
-    prompts = eval_prompts(layout, recipe.datasets, ev.eval_samples)
-    greedy = greedy_reference(root, layout, prompts, ev.eval_max_new_tokens)
-    target = load_causal_lm(model_dir)
-    drafter = load_export(out, read_target_embeddings(model_dir)).float().eval()
-    stop = target.generation_config.eos_token_id
-    rep = evaluate_acceptance(target, drafter, prompts, k=ev.speculative_k, max_new_tokens=ev.eval_max_new_tokens,
-                              stop_ids=list(stop) if isinstance(stop, (list, tuple)) else [stop], greedy_reference=greedy)
-    trained = {k: v for k, v in rep.as_metadata().items()}
-    return {"train": json.loads((out / "result.json").read_text()), "row_wall_s": time.perf_counter() - t0,
-            "eval": {"trained": trained, "untrained": None, "prompts": len(prompts), "k": ev.speculative_k,
-                     "max_new_tokens": ev.eval_max_new_tokens},
-            "trainer_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+    trained = json.loads((out / "result.json").read_text())
+    wall = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    if trained.get("stopped_early"):
+        return {"partial": True, "steps": trained["steps"], "total_steps": trained["total_steps"], "piece_s": wall}
+    ev = replay_row(root, name)
+    return {"train": trained, "row_wall_s": time.perf_counter() - t0, "trainer_peak_rss_mib": rss,
+            "eval": {"trained": ev, "untrained": None, "prompts": ev["prompts"], "k": ev["k"],
+                     "max_new_tokens": ev["max_new_tokens"], "evaluator": "replay"}}
 
 
 def vllm_row(root: Path, name: str, ev: dict) -> dict:
@@ -315,7 +364,8 @@ def vllm_row(root: Path, name: str, ev: dict) -> dict:
     return {**eng.as_metadata(), "server_start_s": round(ready, 1), "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def run_row(root: Path, name: str, *, threads: int, vllm: bool, force: bool, scale: float = 1.0) -> dict:
+def run_row(root: Path, name: str, *, threads: int, vllm: bool, force: bool, scale: float = 1.0,
+            piece_steps: int = 0) -> dict:
     rname = row_name(name, scale)
     path = root / "results" / f"{rname}.json"
     if path.exists() and not force:
@@ -324,11 +374,15 @@ def run_row(root: Path, name: str, *, threads: int, vllm: bool, force: bool, sca
     write_recipe(root, name, scale)
     load0 = uptime()
     mode = "_train" if vllm else "_screen"  # full rows go through the asset; screening rows are lighter
-    res = subprocess.run([sys.executable, __file__, mode, rname, "--root", str(root), "--threads", str(threads)],
-                         capture_output=True, text=True)
-    if res.returncode:
-        raise SystemExit(f"row {rname} failed:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}")
-    row = json.loads(res.stdout.strip().splitlines()[-1])
+    while True:  # a screening row in pieces of --piece-steps steps, each resuming the last checkpoint
+        res = subprocess.run([sys.executable, __file__, mode, rname, "--root", str(root), "--threads", str(threads),
+                              "--piece-steps", str(piece_steps)], capture_output=True, text=True)
+        if res.returncode:
+            raise SystemExit(f"row {rname} failed:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}")
+        row = json.loads(res.stdout.strip().splitlines()[-1])
+        if not row.get("partial"):
+            break
+        print(f"row {rname}: {row['steps']}/{row['total_steps']} steps ({row['piece_s']:.0f} s this piece)", flush=True)
     table = recipe_table(name, scale)
     row.update(name=rname, description=table["description"], recipe=table, load_before=load0,
                load_after_training=uptime(), finished_at=time.strftime("%Y-%m-%d %H:%M:%S"))
@@ -441,6 +495,8 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="rows: rerun rows that have results")
     ap.add_argument("--scale", type=float, default=1.0, help="rows: screening runs at this share of the epochs")
     ap.add_argument("--steps", type=int, default=30, help="speed: optimizer steps per run")
+    ap.add_argument("--piece-steps", type=int, default=0,
+                    help="screening rows: train in resumable pieces of this many steps (0: one piece)")
     ap.add_argument("--reference", action="store_true", help="rows: also train speculators 0.9 on the same data")
     ap.add_argument("--reference-python", default=str(REPO / ".venv-speculators" / "bin" / "python"))
     args = ap.parse_args(argv)
@@ -450,14 +506,15 @@ def main(argv=None) -> int:
     elif args.command == "_train":
         print(json.dumps(train_row(args.names[0], args.threads)))
     elif args.command == "_screen":
-        print(json.dumps(screen_row(args.root, args.names[0], args.threads)))
+        print(json.dumps(screen_row(args.root, args.names[0], args.threads, args.piece_steps)))
     elif args.command == "_speed":
         print(json.dumps(speed_once(args.root, args.names[0], args.steps, args.threads)))
     elif args.command == "speed":
         speed(args.root, args.steps, args.threads)
     elif args.command == "row":
         for name in args.names or list(VARIANTS):
-            run_row(args.root, name, threads=args.threads, vllm=not args.no_vllm, force=args.force, scale=args.scale)
+            run_row(args.root, name, threads=args.threads, vllm=not args.no_vllm, force=args.force, scale=args.scale,
+                    piece_steps=args.piece_steps)
         if args.reference:
             why = reference_status(args.reference_python)
             print(f"reference (speculators 0.9): {'cannot run: ' + why if why else 'ran'}")
