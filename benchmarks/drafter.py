@@ -82,7 +82,7 @@ def rss_mib() -> float:
 def held_bytes(dataset) -> int:
     """Bytes of sample tensors the dataset object keeps between batches."""
     items = getattr(dataset, "items", [])
-    return sum(t.numel() * t.element_size() for item in items for t in item.values())
+    return sum(t.numel() * t.element_size() for item in items for t in item.values() if isinstance(t, torch.Tensor))
 
 
 def train_once(job_path: Path, mode: str) -> dict:

@@ -525,3 +525,29 @@ def test_speculative_decoding_equals_greedy(trained, embedded):
         reports[name] = rep
     assert reports["trained"].outputs == reports["untrained"].outputs
     assert reports["trained"].acceptance_length > reports["untrained"].acceptance_length
+
+
+def test_replay_acceptance_equals_chain_decoding(trained, embedded):
+    """The replay (one prefill + one TTT pass) walks the real decoder's verification steps,
+    prompt by prompt, for a trained and an untrained drafter."""
+    from eagle3_assets.drafter.replay_acceptance import replay_acceptance, replay_inputs, replay_one
+    from eagle3_assets.drafter.spec_decode import speculative_generate
+
+    model, _ = trained
+    prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in [*HELD_OUT, *QUESTIONS[:3]]]
+    stops = embedded.stop_ids
+    for n in (4, 16):  # replies cut by length, and replies that end on a stop token
+        greedy = [greedy_generate(embedded.model, p, max_new_tokens=n, stop_ids=stops) for p in prompts]
+        items = replay_inputs(embedded.model, prompts, greedy, model.config.aux_layer_ids, lookahead=3)
+        assert sum(it.greedy_mismatches for it in items) == 0
+        for drafter in (model, untrained_baseline(model, seed=0)):
+            for p, it in zip(prompts, items):
+                real = speculative_generate(embedded.model, drafter, p, k=3, max_new_tokens=n, stop_ids=stops)
+                fast = replay_one(drafter, it, k=3, max_new_tokens=n, stop_ids=stops)
+                assert (fast.accepted, fast.emitted, fast.output_ids, fast.finish_reason) == \
+                    (real.accepted, real.emitted, real.output_ids, real.finish_reason)
+        rep = replay_acceptance(model, items, k=3, max_new_tokens=n, stop_ids=stops)
+        assert rep.matches_greedy and rep.verify_steps > 0
+    assert {r.finish_reason for r in (fast, real)} <= {"stop", "length"}
+    assert rep.acceptance_length > replay_acceptance(untrained_baseline(model, seed=0), items, k=3, max_new_tokens=n,
+                                                     stop_ids=stops).acceptance_length

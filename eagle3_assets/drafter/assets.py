@@ -87,7 +87,8 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
         training=recipe.training, shape=recipe.shape,
         runtime=RuntimeSettings(device=config.device, dtype=config.dtype, threads=config.threads,
                                 loader_workers=config.loader_workers, resume=config.resume),
-        export=ExportSettings(speculative_k=recipe.evaluation.speculative_k), pipes_asset_key="drafter_checkpoint",
+        export=ExportSettings(speculative_k=recipe.evaluation.speculative_k, sglang="sglang" in recipe.shape.engines,
+                              vllm="vllm" in recipe.shape.engines), pipes_asset_key="drafter_checkpoint",
     )
     job_path = job.write(out / "job.json")
     invocation = launch_training(context, config, slurm, layout, recipe.name, job_path, samples)
@@ -102,7 +103,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     prompts = eval_prompts(layout, recipe.datasets, recipe.evaluation.eval_samples)
     if not prompts:
         raise ValueError(f"recipe {recipe.name}: its datasets have no held-out (eval) samples to measure acceptance on")
-    evaluation = evaluate_drafter(model_dir, out / "sglang", prompts, recipe, spec.stop_token_ids())
+    evaluation = evaluate_drafter(model_dir, out, prompts, recipe, spec.stop_token_ids())
     (out / "eval.json").write_text(json.dumps(evaluation, indent=2))
     t, u = evaluation["trained"], evaluation["untrained"]
     context.log.info(f"acceptance length {t['acceptance_length']:.3f} (untrained {u['acceptance_length']:.3f}) "

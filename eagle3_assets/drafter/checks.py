@@ -15,10 +15,12 @@ from resources import StorageResource
                             "prompts reaches the recipe's acceptance floor while reproducing greedy decoding.")
 def drafter_acceptance(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
     from eagle3_assets.drafter.export import check_sglang_export, check_vllm_export
+    from eagle3_assets.drafter.recipes import load_recipe
 
     out = storage.layout.drafter_dir(context.partition_key)
-    problems = [f"sglang export: {p}" for p in check_sglang_export(out / "sglang")]
-    problems += [f"vllm export: {p}" for p in check_vllm_export(out / "vllm")]
+    engines = load_recipe(context.partition_key).shape.engines
+    problems = [f"sglang export: {p}" for p in check_sglang_export(out / "sglang")] if "sglang" in engines else []
+    problems += [f"vllm export: {p}" for p in check_vllm_export(out / "vllm")] if "vllm" in engines else []
     ev = json.loads((out / "eval.json").read_text()) if (out / "eval.json").exists() else None
     if ev is None:
         problems.append("no eval.json: the drafter was not evaluated")

@@ -24,28 +24,43 @@ def train_split_sizes(layout, datasets: dict[str, float], target) -> dict[str, i
 
 
 def eval_prompts(layout, datasets, limit: int) -> list[list[int]]:
-    """Prompt ids of the held-out split, taken round-robin across the recipe's datasets."""
+    """Prompt ids of the held-out split, taken round-robin across the recipe's datasets, each
+    prompt once (datasets with several replies per prompt, or built from the same prompt file,
+    hold it many times)."""
     per = []
     for name in datasets:
         corpus = pl.read_parquet(layout.corpus(name), columns=["input_ids", "prompt_len", "split"])
         ev = corpus.filter(pl.col("split") == "eval")
         per.append([ids[:n] for ids, n in zip(ev["input_ids"].to_list(), ev["prompt_len"].to_list())])
-    out = []
+    out, seen = [], set()
     for i in range(max((len(p) for p in per), default=0)):
-        out += [p[i] for p in per if i < len(p)]
+        for p in per:
+            if i < len(p) and tuple(p[i]) not in seen:
+                seen.add(tuple(p[i]))
+                out.append(p[i])
     return out[:limit]
 
 
-def evaluate_drafter(model_dir: Path, export_dir: Path, prompts: list[list[int]], recipe, stop_ids: list[int]) -> dict:
-    """Acceptance of the exported drafter (loaded from its files alone) and of an untrained one;
-    decoding stops on ``stop_ids`` (the target's eos ids and end of turn: ``TargetSpec.stop_token_ids``)."""
-    from eagle3_assets.drafter.export import load_sglang
+def load_export(out_dir: Path, embeddings):
+    """The trained drafter rebuilt from its SGLang export, or its vLLM one when it has no other."""
+    from eagle3_assets.drafter.export import load_sglang, load_vllm
+
+    out_dir = Path(out_dir)
+    if (out_dir / "sglang" / "config.json").exists():
+        return load_sglang(out_dir / "sglang", embeddings)
+    return load_vllm(out_dir / "vllm", embeddings)
+
+
+def evaluate_drafter(model_dir: Path, out_dir: Path, prompts: list[list[int]], recipe, stop_ids: list[int]) -> dict:
+    """Acceptance of the exported drafter (loaded from its files alone, under ``out_dir``) and of
+    an untrained one; decoding stops on ``stop_ids`` (the target's eos ids and end of turn:
+    ``TargetSpec.stop_token_ids``)."""
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate, untrained_baseline
     from eagle3_assets.drafter.target_weights import read_target_embeddings
     from eagle3_assets.target.loading import load_causal_lm
 
     target = load_causal_lm(model_dir)
-    drafter = load_sglang(export_dir, read_target_embeddings(model_dir)).float().eval()
+    drafter = load_export(out_dir, read_target_embeddings(model_dir)).float().eval()
     stop = list(stop_ids)
     ev = recipe.evaluation
     k, n = ev.speculative_k, ev.eval_max_new_tokens

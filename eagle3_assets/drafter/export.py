@@ -18,7 +18,8 @@ vLLM / speculators (``vllm serve <dir>`` pairs it with the verifier): a speculat
 (``speculators_model_type`` eagle3, ``transformer_layer_config``, ``speculators_config``) whose
 ``eagle_aux_hidden_state_layer_ids`` use vLLM's numbering (our id + 1), every speculators-only
 option set off (``norm_before_residual`` and friends: vLLM defaults some of them *on*, which
-would run a different network than was trained), and weights named ``layers.0.*`` with the
+would run a different network than was trained) but ``norm_before_fc`` when the drafter has that
+norm (``input_norm.weight``; vLLM only, see ``layouts.py``), and weights named ``layers.0.*`` with the
 frozen ``embed_tokens.weight`` included, as speculators checkpoints carry it.
 """
 
@@ -40,6 +41,7 @@ SPECULATORS_ARCH = "Eagle3Speculator"
 SPECULATORS_VERSION = "0.4.0"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SGLANG_REQUIRED = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
+UNSUPPORTED_VLLM_FLAGS = ("norm_before_residual", "fc_norm", "norm_output")  # speculators options this drafter lacks
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -110,7 +112,8 @@ def _weights(model: Eagle3Drafter, dtype: torch.dtype, rename=lambda k: k, embed
     return out
 
 
-def _config_from_llama(llama: dict, draft_vocab_size: int, target_hidden_size: int, aux_ids: list[int]) -> DrafterConfig:
+def _config_from_llama(llama: dict, draft_vocab_size: int, target_hidden_size: int, aux_ids: list[int],
+                       norm_before_fc: bool = False) -> DrafterConfig:
     return DrafterConfig(
         hidden_size=llama["hidden_size"], intermediate_size=llama["intermediate_size"],
         num_attention_heads=llama["num_attention_heads"], num_key_value_heads=llama["num_key_value_heads"],
@@ -119,7 +122,7 @@ def _config_from_llama(llama: dict, draft_vocab_size: int, target_hidden_size: i
         max_position_embeddings=llama["max_position_embeddings"], vocab_size=llama["vocab_size"],
         draft_vocab_size=draft_vocab_size, target_hidden_size=target_hidden_size,
         aux_layer_ids=list(aux_ids), rope_scaling=llama.get("rope_scaling"),
-        hidden_act=llama.get("hidden_act", "silu"),
+        hidden_act=llama.get("hidden_act", "silu"), norm_before_fc=norm_before_fc,
     )
 
 
@@ -157,6 +160,8 @@ def export_sglang(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16
         from eagle3_assets.drafter.export_mla import export_mla
 
         return export_mla(model, out_dir, dtype=dtype, engine="sglang")
+    if model.config.norm_before_fc:
+        raise ValueError("SGLang cannot serve a drafter with norm_before_fc (see drafter/layouts.py); export it for vLLM")
     weights = _weights(model, DTYPES[dtype])
     missing = [k for k in SGLANG_REQUIRED if k not in weights]
     if missing or any(k.startswith("embed_tokens") for k in weights):
@@ -204,9 +209,10 @@ def vllm_config(cfg: DrafterConfig, *, dtype: str, verifier: str, verifier_archi
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": to_speculators_ids(cfg.aux_layer_ids),
-        # The SGLang-layout network: residual from the raw hidden, no extra norms.
+        # The SGLang-layout network: residual from the raw hidden, no extra norms but the
+        # optional one over the features (``input_norm``).
         "norm_before_residual": False,
-        "norm_before_fc": False,
+        "norm_before_fc": bool(cfg.norm_before_fc),
         "fc_norm": False,
         "norm_output": False,
         "embed_requires_grad": False,
@@ -253,12 +259,13 @@ def load_vllm(export_dir: Path, embeddings: torch.Tensor | None = None) -> Eagle
         return load_mla(export_dir, embeddings, engine="vllm")
     if c.get("speculators_model_type") != "eagle3":
         raise ValueError(f"{export_dir}: not a speculators eagle3 checkpoint")
-    for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+    for flag in UNSUPPORTED_VLLM_FLAGS:
         if c.get(flag, flag == "norm_before_residual"):  # vLLM's default for the first is True
             raise ValueError(f"{export_dir}: {flag} is on; this drafter has no such norm")
     layer = c["transformer_layer_config"]
     cfg = _config_from_llama(layer, c["draft_vocab_size"], c.get("target_hidden_size") or layer["hidden_size"],
-                             [i - 1 for i in c["eagle_aux_hidden_state_layer_ids"]])
+                             [i - 1 for i in c["eagle_aux_hidden_state_layer_ids"]],
+                             norm_before_fc=bool(c.get("norm_before_fc", False)))
     weights = {_from_speculators_name(k): v for k, v in load_file(str(export_dir / "model.safetensors")).items()}
     emb = weights.pop("embed_tokens.weight", None)
     if embeddings is None:
@@ -301,6 +308,8 @@ def check_sglang_export(export_dir: Path) -> list[str]:
         problems.append("model.safetensors has no midlayer.* weights")
     if any("embed_tokens" in n for n in names):
         problems.append("model.safetensors holds embed_tokens (SGLang takes the target's)")
+    if "input_norm.weight" in names:
+        problems.append("model.safetensors holds input_norm (norm_before_fc), which SGLang never applies")
     if dtypes.get("d2t") not in (None, "I64"):
         problems.append(f"d2t is {dtypes['d2t']}, not int64")
     if dtypes.get("t2d") not in (None, "BOOL"):
@@ -348,7 +357,7 @@ def check_vllm_export(export_dir: Path) -> list[str]:
     problems = []
     if cfg.get("speculators_model_type") != "eagle3":
         problems.append(f"speculators_model_type is {cfg.get('speculators_model_type')!r}, not 'eagle3'")
-    for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+    for flag in UNSUPPORTED_VLLM_FLAGS:
         if cfg.get(flag, flag == "norm_before_residual"):
             problems.append(f"{flag} is on (or missing, and vLLM's default is on); this drafter has no such norm")
     layer = cfg.get("transformer_layer_config") or {}
@@ -362,4 +371,7 @@ def check_vllm_export(export_dir: Path) -> list[str]:
             problems.append(f"model.safetensors lacks {need}")
     if not any(n.startswith("layers.0.") for n in names):
         problems.append("model.safetensors has no layers.0.* weights")
+    if bool(cfg.get("norm_before_fc", False)) != ("input_norm.weight" in names):
+        problems.append(f"norm_before_fc is {bool(cfg.get('norm_before_fc', False))} but input_norm.weight is "
+                        f"{'present' if 'input_norm.weight' in names else 'missing'}")
     return problems + _shared_problems(layer, cfg, [i - 1 for i in ids], "transformer_layer_config")

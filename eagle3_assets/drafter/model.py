@@ -2,7 +2,7 @@
 
 Shapes (H = target hidden size, which is also the drafter's: it reuses the target embeddings):
 
-    aux  [B, T, 3H] --fc--> h [B, T, H]            (three target layers, fused)
+    aux  [B, T, 3H] --fc--> h [B, T, H]            (three target layers, fused; optionally RMSNorm'd first)
     ids  [B, T]     --embed_tokens (frozen)--> e [B, T, H]
     midlayer:  x = cat(input_layernorm(e), hidden_norm(h))        [B, T, 2H]
                h = h + o_proj(attention(q/k/v_proj(x)))           (residual is the raw h)
@@ -57,6 +57,7 @@ class DrafterConfig:
     initializer_range: float = 0.02
     attention: str = "llama"  # a key of ATTENTION
     mla: dict | None = None  # attention "mla": the target's MLA sizes (see drafter/mla.py)
+    norm_before_fc: bool = False  # one RMSNorm over the [3H] features before fc (vLLM's ``input_norm``)
 
     def __post_init__(self):
         if self.hidden_act != "silu":
@@ -78,6 +79,7 @@ class DrafterConfig:
         aux_layer_ids: list[int] | None = None,
         intermediate_size: int | None = None,
         attention: str = "llama",
+        norm_before_fc: bool = False,
     ) -> DrafterConfig:
         """A drafter shaped like one layer of the target, from its ``config.json`` dict (the
         ``text_config`` of a multimodal wrapper such as Kimi-K2.5). The rope (theta and yarn
@@ -115,6 +117,7 @@ class DrafterConfig:
             hidden_act=text.get("hidden_act", "silu"),
             attention=attention,
             mla=mla_shape(text) if attention == "mla" else None,
+            norm_before_fc=norm_before_fc,
         )
 
     def to_dict(self) -> dict:
@@ -122,6 +125,7 @@ class DrafterConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> DrafterConfig:
+        """Fields a dict from an older checkpoint lacks take their defaults."""
         return cls(**d)
 
 
@@ -297,6 +301,8 @@ class Eagle3Drafter(nn.Module):
         h = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)  # the target's, frozen, never exported to SGLang
         self.embed_tokens.weight.requires_grad_(False)
+        if cfg.norm_before_fc:
+            self.input_norm = RMSNorm(3 * cfg.target_hidden_size, cfg.rms_norm_eps)
         self.fc = nn.Linear(3 * cfg.target_hidden_size, h, bias=False)
         self.midlayer = Eagle3Layer(cfg)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
@@ -344,6 +350,8 @@ class Eagle3Drafter(nn.Module):
 
     def project_aux(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         """[.., 3H] target features -> [.., H] hidden stream."""
+        if self.config.norm_before_fc:
+            aux_hidden = self.input_norm(aux_hidden)
         return self.fc(aux_hidden)
 
     def step(self, ids, hidden, positions, context) -> torch.Tensor:
@@ -361,25 +369,28 @@ class Eagle3Drafter(nn.Module):
 
     # -- training
 
-    def forward(self, input_ids, aux_hidden, attention_mask=None, ttt_steps: int = 1) -> list[torch.Tensor]:
+    def forward(self, input_ids, aux_hidden, attention_mask=None, ttt_steps: int = 1, packed=None) -> list[torch.Tensor]:
         """Unrolled training-time test. Returns the draft logits [B, T, N] of every step.
 
         Step s at index t reads token ``input_ids[t + 1 + s]`` (ground truth, zero past the end)
         and predicts token ``t + 2 + s``. Step 0 reads the target's features at t; step s > 0
         reads the drafter's own hidden output of step s - 1 at the same index (its chain).
+        With ``packed`` (a ``drafter.packing.PackedBatch``) the inputs are its one row of
+        samples back to back, and step s returns logits [n_s, N] of its ``logit_rows`` alone.
         """
-        b, t = input_ids.shape
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        valid = attention_mask.bool()
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        context = TTTContext(valid)
+        if packed is not None:
+            positions, context, shift, rows = packed.positions, packed.context(), packed.shift, packed.logit_rows
+        else:
+            if attention_mask is None:
+                attention_mask = torch.ones_like(input_ids)
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            context, rows = TTTContext(attention_mask.bool()), None
+            shift = lambda x, n: shift_left(x, n, fill=0)  # noqa: E731
         hidden = self.project_aux(aux_hidden)
         out = []
         for s in range(ttt_steps):
-            ids = shift_left(input_ids, s + 1, fill=0)
-            hidden = self.step(ids, hidden, positions + s, context)
-            out.append(self.logits(hidden))
+            hidden = self.step(shift(input_ids, s + 1), hidden, positions + s, context)
+            out.append(self.logits(hidden if rows is None else hidden[0, rows[s]]))
         return out
 
 

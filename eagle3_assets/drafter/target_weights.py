@@ -15,6 +15,8 @@ import torch
 EMBEDDING_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "language_model.model.embed_tokens.weight",
                    "model.language_model.embed_tokens.weight")
 LM_HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
+FINAL_NORM_NAMES = ("model.norm.weight", "norm.weight", "language_model.model.norm.weight",
+                    "model.language_model.norm.weight")
 
 
 def read_target_config(model_dir: Path) -> dict:
@@ -53,3 +55,8 @@ def read_target_lm_head(model_dir: Path) -> torch.Tensor:
     if text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)):
         return read_target_embeddings(model_dir)
     return read_target_tensor(model_dir, *LM_HEAD_NAMES)
+
+
+def read_target_final_norm(model_dir: Path) -> torch.Tensor:
+    """The gain of the target's final RMSNorm [H] (the norm in front of its head)."""
+    return read_target_tensor(model_dir, *FINAL_NORM_NAMES)

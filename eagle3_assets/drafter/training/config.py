@@ -36,12 +36,25 @@ class TrainSettings(_Section):
     # training-time test
     ttt_steps: int = Field(7, ge=1)
     step_loss_decay: float = Field(0.8, gt=0.0, le=1.0)
-    # optimizer and schedule
+    # objective: forward KL to the target (kl), total variation 1 - alpha (tv), -log alpha (nla), or
+    # LK's adaptive blend lambda KL + (1 - lambda) TV with lambda = exp(-lk_eta * alpha) (lk), where
+    # alpha = sum min(p, q) over the draft vocabulary is the acceptance rate of sampling
+    loss: Literal["kl", "tv", "nla", "lk"] = "kl"
+    lk_eta: float = Field(3.0, ge=0.0)
+    # uniform noise in [-a, a] added to the target features (aux) in training, a = feature_noise
+    # times each token's feature RMS (0: off); a regulariser for small corpora
+    feature_noise: float = Field(0.0, ge=0.0)
+    # lm_head and final norm start as the target's own (its head's rows for the draft vocabulary)
+    init_head_from_target: bool = False
+    # optimizer and schedule; muon: torch.optim.Muon on the 2-D weights (fc, attention, MLP, with
+    # Moonshot's AdamW-matched lr scaling, so lr means the same), AdamW on the head and norms
+    optimizer: Literal["adamw", "muon"] = "adamw"
     lr: float = Field(1e-4, gt=0.0)
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = Field(0.0, ge=0.0)
     warmup_steps: int = Field(0, ge=0)
-    schedule: Literal["cosine", "constant"] = "cosine"
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)  # the schedule decays to lr * min_lr_ratio
     grad_clip: float = Field(0.5, ge=0.0)  # 0 turns clipping off
     # length of training: exactly one of the two
     max_steps: int | None = Field(None, ge=1)
@@ -80,22 +93,42 @@ class TrainSettings(_Section):
 
     def lr_factor(self, step: int, total_steps: int) -> float:
         """Multiplier of ``lr`` at optimizer step ``step`` (0-based): linear warmup, then cosine
-        to zero at ``total_steps`` (or constant)."""
+        or linear decay to ``min_lr_ratio`` at ``total_steps`` (or constant)."""
         if step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
         if self.schedule == "constant":
             return 1.0
-        progress = (step - self.warmup_steps) / max(1, total_steps - self.warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        progress = min(1.0, (step - self.warmup_steps) / max(1, total_steps - self.warmup_steps))
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress)) if self.schedule == "cosine" else 1.0 - progress
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * decay
 
 
 class DraftShape(_Section):
-    """What the recipe decides about the drafter's shape (hidden size and heads follow the target)."""
+    """What the recipe decides about the drafter's shape (hidden size and heads follow the target),
+    and the engines its exports must serve on: a layout one of them would run differently from
+    what was trained is refused here, before any training (``drafter/layouts.py``)."""
 
     draft_vocab_size: int = Field(ge=1)
     intermediate_size: int | None = Field(None, ge=1)  # None: the target's
     aux_layer_ids: list[int] | None = None  # None: [1, L//2 - 1, L - 4]
     attention: Literal["llama", "mla"] = "llama"  # "mla": the target's own MLA shape (DeepSeek-V3 / Kimi targets)
+    norm_before_fc: bool = False  # one RMSNorm over the 3H target features before fc (vLLM only)
+    engines: tuple[Literal["sglang", "vllm"], ...] = ("sglang", "vllm")  # the exports written and checked
+
+    @field_validator("engines", mode="before")
+    @classmethod
+    def _engines_from_list(cls, v):
+        return tuple(v) if isinstance(v, list) else v
+
+    @model_validator(mode="after")
+    def _servable(self):
+        from eagle3_assets.drafter.layouts import layout_problems
+
+        if not self.engines or len(set(self.engines)) != len(self.engines):
+            raise ValueError("'engines' must name each of sglang, vllm at most once, and at least one")
+        for key, problem in layout_problems(self).items():
+            raise ValueError(f"'{key}' {problem}")
+        return self
 
     @field_validator("aux_layer_ids")
     @classmethod
@@ -124,6 +157,7 @@ class RuntimeSettings(_Section):
     resume: bool = True
     stop_after: int | None = Field(None, ge=0)  # end after this many total steps, as a crash would
     progress: bool = True
+    packed: bool = True  # train on the real tokens back to back (False: on the padded batch; same result, slower)
 
 
 class ExportSettings(_Section):

@@ -79,7 +79,7 @@ class ShardDataset(Dataset):
         d, sid = self.entries[i]
         reader = self.readers[d]
         shard, off, n = reader.location(sid)
-        return reader.read_range(shard, off, off + min(n, self.max_length))
+        return {**reader.read_range(shard, off, off + min(n, self.max_length)), "key": f"{d}:{sid}"}
 
     def close(self) -> None:
         for r in self.readers:
@@ -129,6 +129,8 @@ def collate(samples: list[dict]) -> dict:
         batch["attention_mask"][i, :n] = 1
         for k in ("input_ids", "loss_mask", *STATE_KEYS):
             batch[k][i, :n] = s[k]
+    if all("key" in s for s in samples):
+        batch["keys"] = [s["key"] for s in samples]  # which sample each row holds (the teacher caches by it)
     return batch
 
 

@@ -13,7 +13,12 @@ from pathlib import Path
 import torch
 
 from eagle3_assets.drafter.model import DrafterConfig, build_drafter
-from eagle3_assets.drafter.target_weights import read_target_config, read_target_embeddings, read_target_lm_head
+from eagle3_assets.drafter.target_weights import (
+    read_target_config,
+    read_target_embeddings,
+    read_target_final_norm,
+    read_target_lm_head,
+)
 from eagle3_assets.drafter.training.checkpoints import write_atomic_text
 from eagle3_assets.drafter.training.config import TrainJob
 from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset
@@ -39,10 +44,19 @@ def drafter_config(job: TrainJob, dataset: ShardDataset) -> DrafterConfig:
                          "re-extract with those layer_ids or drop aux_layer_ids from the recipe")
     cfg = DrafterConfig.from_target(read_target_config(job.target_dir), draft_vocab_size=job.shape.draft_vocab_size,
                                     aux_layer_ids=wanted or stored, intermediate_size=job.shape.intermediate_size,
-                                    attention=job.shape.attention)
+                                    attention=job.shape.attention, norm_before_fc=job.shape.norm_before_fc)
     if dataset.readers and dataset.hidden_size != cfg.target_hidden_size:
         raise ValueError(f"the hidden states have hidden size {dataset.hidden_size}, the target {cfg.target_hidden_size}")
     return cfg
+
+
+def head_from_target(model, lm_head: torch.Tensor, final_norm: torch.Tensor):
+    """Start the draft head as the target's: its rows of the draft vocabulary and its final norm,
+    so the drafter first has to reproduce the target's last hidden state, not learn a head."""
+    with torch.no_grad():
+        model.lm_head.weight.copy_(lm_head[model.d2t + torch.arange(model.d2t.numel())])
+        model.norm.weight.copy_(final_norm)
+    return model
 
 
 def run_job(job: TrainJob, on_metrics=None) -> dict:
@@ -69,10 +83,14 @@ def run_job(job: TrainJob, on_metrics=None) -> dict:
                         pin_memory=device.type == "cuda")
     dtype = compute_dtype(job, device)
     model = build_drafter(dcfg, read_target_embeddings(job.target_dir), vmap,
-                          seed=s.seed if job.init_seed is None else job.init_seed).to(device)
-    teacher = Teacher(read_target_lm_head(job.target_dir), vmap, device=device, dtype=dtype)
+                          seed=s.seed if job.init_seed is None else job.init_seed)
+    lm_head = read_target_lm_head(job.target_dir)
+    if s.init_head_from_target:
+        head_from_target(model, lm_head, read_target_final_norm(job.target_dir))
+    model = model.to(device)
+    teacher = Teacher(lm_head, vmap, device=device, dtype=dtype)
     trainer = Trainer(s, model, data, teacher, out_dir, compute_dtype=dtype, vocab_hash=vmap.source_hash,
-                      progress=job.runtime.progress)
+                      progress=job.runtime.progress, packed=job.runtime.packed)
     result = trainer.run(resume=job.runtime.resume, stop_after=job.runtime.stop_after, on_metrics=on_metrics)
 
     summary = {**result.summary, "world_size": world, "vocab_map": vmap.summary(), "total_steps": trainer.total_steps,
@@ -85,9 +103,9 @@ def run_job(job: TrainJob, on_metrics=None) -> dict:
         from eagle3_assets.drafter.export import export_sglang, export_vllm
 
         e = job.export
-        if e.sglang:
+        if e.sglang and "sglang" in job.shape.engines:
             summary["sglang_dir"] = str(export_sglang(model, out_dir / "sglang", dtype=e.dtype))
-        if e.vllm:
+        if e.vllm and "vllm" in job.shape.engines:
             summary["vllm_dir"] = str(export_vllm(model, out_dir / "vllm", dtype=e.dtype, verifier=str(job.target_dir),
                                                   speculative_tokens=e.speculative_k))
     if rank == 0:

@@ -2,16 +2,18 @@
 
 A batch (right padding; ``attention_mask`` marks real tokens) holds ``input_ids`` [B, T],
 ``loss_mask`` [B, T], ``aux_hidden`` [B, T, 3H] and ``last_hidden`` [B, T, H]. Each TTT
-step's soft cross-entropy is averaged over the positions that count *in the global batch*,
-so one process and N processes compute the same gradient; the steps are summed with weights
-``step_loss_decay ** s``. On a GPU the drafter runs under bf16 autocast (fp32 master
-weights) and the teacher in bf16; on CPU both run in fp32.
+step's objective (``loss``: forward KL, TV, -log alpha or the LK blend) is averaged over the
+positions that count *in the global batch*, so one process and N processes compute the same
+gradient; the steps are summed with weights ``step_loss_decay ** s``. ``feature_noise`` perturbs
+the target features of each batch (seeded: resume replays it). On a GPU the drafter runs under
+bf16 autocast (fp32 master weights) and the teacher in bf16; on CPU both run in fp32.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import sys
 import time
@@ -21,11 +23,13 @@ from pathlib import Path
 import torch
 
 from eagle3_assets.drafter.model import Eagle3Drafter
+from eagle3_assets.drafter.packing import PackedBatch
 from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint, write_atomic_text
 from eagle3_assets.drafter.training.config import TrainSettings
 from eagle3_assets.drafter.training.distributed import all_reduce_sum, barrier, dist_info, rng_state, set_rng_state
 from eagle3_assets.drafter.training.metrics import TrainResult, plot_training_curve
-from eagle3_assets.drafter.training.teacher import Teacher, step_terms
+from eagle3_assets.drafter.training.optim import Optimizers
+from eagle3_assets.drafter.training.teacher import TERMS, TargetIdCache, Teacher, padded_step_terms, step_terms
 
 # Settings a resumed run may change: they decide when to stop and what to keep, not the weights so far.
 RESUMABLE_CHANGES = {"max_steps", "epochs", "checkpoint_every", "keep_checkpoints"}
@@ -36,18 +40,16 @@ class Trainer:
 
     def __init__(self, settings: TrainSettings, model: Eagle3Drafter, data, teacher: Teacher, out_dir: Path, *,
                  total_steps: int | None = None, compute_dtype: torch.dtype = torch.float32,
-                 vocab_hash: str | None = None, progress: bool = True):
+                 vocab_hash: str | None = None, progress: bool = True, packed: bool = True):
         self.settings, self.model, self.data, self.teacher = settings, model, data, teacher
         self.out_dir = Path(out_dir)
         self.total_steps = total_steps or settings.total_steps(len(data))
-        self.compute_dtype, self.vocab_hash, self.progress = compute_dtype, vocab_hash, progress
+        self.compute_dtype, self.vocab_hash, self.progress, self.packed = compute_dtype, vocab_hash, progress, packed
+        self.target_ids = TargetIdCache(teacher)
         self.rank, self.world = dist_info()
         self.device = next(model.parameters()).device
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=settings.lr, betas=tuple(settings.betas),
-                                           weight_decay=settings.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda i: settings.lr_factor(i, self.total_steps))
+        self.optimizer = Optimizers(settings, model, self.total_steps)
         self.step, self.epoch, self.batch_in_epoch, self.metrics = 0, 0, 0, []
         self.net = model
 
@@ -65,17 +67,18 @@ class Trainer:
 
             raise StaleVocabMapError(f"{ckpt}: trained with vocabulary map {str(state.get('vocab_source_hash'))[:16]}, "
                                      "which is not this run's; use a fresh out_dir")
-        if state["drafter_config"] != self.model.config.to_dict():
+        if type(self.model.config).from_dict(state["drafter_config"]).to_dict() != self.model.config.to_dict():
             raise ValueError(f"{ckpt}: drafter shape differs from this run's; use a fresh out_dir")
-        theirs, ours = state["training"], self.settings.model_dump(mode="json")
+        # settings added since a checkpoint was written count as their defaults
+        theirs = {**TrainSettings.model_construct().model_dump(mode="json"), **state["training"]}
+        ours = self.settings.model_dump(mode="json")
         changed = sorted(k for k in ours if k not in RESUMABLE_CHANGES and theirs.get(k) != ours[k])
         if changed:
             raise ValueError(f"{ckpt}: trained with other settings ({', '.join(changed)}); use a fresh out_dir")
         missing, unexpected = self.model.load_state_dict(state["model"], strict=False)
         if unexpected or any(not k.startswith("embed_tokens.") for k in missing):
             raise ValueError(f"{ckpt}: weights do not fit the drafter (missing {missing}, unexpected {unexpected})")
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer.load_state_dict(state["optimizer"], state["scheduler"])
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.metrics = state["metrics"]
         rngs = state["rng"]
@@ -91,10 +94,11 @@ class Trainer:
             dist.all_gather_object(rngs, rng_state())
         path = None
         if self.rank == 0:
+            optimizer, scheduler = self.optimizer.state_dict()
             path = save_checkpoint(self.out_dir, {
                 "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                "model": self.model.trainable_state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "rng": rngs, "world_size": self.world,
+                "model": self.model.trainable_state_dict(), "optimizer": optimizer,
+                "scheduler": scheduler, "rng": rngs, "world_size": self.world,
                 "training": self.settings.model_dump(mode="json"), "drafter_config": self.model.config.to_dict(),
                 "vocab_source_hash": self.vocab_hash, "metrics": self.metrics,
             }, self.settings.keep_checkpoints)
@@ -119,6 +123,8 @@ class Trainer:
         """Tensors on the device; states (stored in bf16 or fp32) in the compute dtype."""
         out = {k: batch[k].to(self.device, non_blocking=True)
                for k in ("input_ids", "loss_mask", "attention_mask", "aux_hidden", "last_hidden")}
+        if "keys" in batch:
+            out["keys"] = batch["keys"]
         for k in ("aux_hidden", "last_hidden"):
             out[k] = out[k].to(self.compute_dtype)
         return out
@@ -130,33 +136,66 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
+    def noisy(self, aux: torch.Tensor) -> torch.Tensor:
+        """``aux`` plus uniform noise in [-a, a], a = feature_noise x each token's feature RMS."""
+        a = self.settings.feature_noise * aux.pow(2).mean(-1, keepdim=True).sqrt()
+        return aux + (torch.rand(aux.shape, device=aux.device, dtype=aux.dtype) * 2 - 1) * a
+
+    def objective(self, sums: dict, n: torch.Tensor, alpha_mean: float) -> torch.Tensor:
+        """The recipe's loss for one TTT step from its summed terms over ``n`` global positions."""
+        kind = self.settings.loss
+        if kind == "lk":  # LK: lambda from the batch's acceptance rate, never differentiated
+            lam = math.exp(-self.settings.lk_eta * alpha_mean)
+            return (lam * sums["kl"] + (1 - lam) * sums["tv"]) / n
+        return sums[kind] / n
+
+    def step_sums(self, batch: dict) -> list[dict]:
+        """Forward pass and the summed loss terms of every TTT step on this rank's batch."""
+        s = self.settings
+        need = ("kl", "tv") if s.loss == "lk" else (s.loss,)
+        if not self.packed:  # the padded batch as it is (the yardstick)
+            teacher_out = self.teacher(batch["last_hidden"])
+            aux = self.noisy(batch["aux_hidden"]) if s.feature_noise > 0 else batch["aux_hidden"]
+            with self._autocast():
+                logits = self.net(batch["input_ids"], aux, batch["attention_mask"], ttt_steps=s.ttt_steps)
+            return padded_step_terms(logits, batch, teacher_out, self.model.d2t, need)
+        packed = PackedBatch(batch, s.ttt_steps)  # no work on padding; the teacher only where it is read
+        target_ids = self.target_ids(batch.get("keys"), packed)
+        teacher_out = self.teacher(packed.last_hidden[packed.teacher_rows][None], target_ids[None])
+        in_draft = torch.zeros(packed.n, dtype=torch.bool, device=self.device)
+        in_draft[packed.teacher_rows] = teacher_out[2][0]
+        packed.count(in_draft)
+        aux = self.noisy(packed.aux_hidden) if s.feature_noise > 0 else packed.aux_hidden
+        with self._autocast():
+            logits = self.net(packed.input_ids, aux, ttt_steps=s.ttt_steps, packed=packed)
+        return step_terms(logits, packed, teacher_out, self.model.d2t, need)
+
     def train_step(self, batch: dict) -> dict:
         s = self.settings
-        teacher_out = self.teacher(batch["last_hidden"])
-        with self._autocast():
-            logits_steps = self.net(batch["input_ids"], batch["aux_hidden"], batch["attention_mask"], ttt_steps=s.ttt_steps)
-        terms = step_terms(logits_steps, batch, teacher_out, self.model.d2t)
+        terms = self.step_sums(batch)
         # One all-reduce gives every rank the global counts (for the loss) and sums (for logs).
-        stats = torch.stack([torch.stack([t[0].detach(), t[1], t[2]]) for t in terms])  # [S, 3]
+        stats = torch.stack([torch.stack([t[k].detach() for k in TERMS]) for t in terms])  # [S, len(TERMS)]
         tokens = batch["attention_mask"].sum().to(stats.dtype)
         stats = all_reduce_sum(torch.cat([stats.reshape(-1), tokens.reshape(1)]))
         tokens = int(stats[-1])
-        stats = stats[:-1].view(-1, 3)
-        loss = sum((s.step_loss_decay ** i) * t[0] / stats[i, 1].clamp(min=1.0) for i, t in enumerate(terms)) \
+        stats = stats[:-1].view(len(terms), len(TERMS))
+        col = {k: stats[:, i] for i, k in enumerate(TERMS)}
+        n = col["positions"].clamp(min=1.0)
+        alpha = (1.0 - col["tv"] / n).tolist()
+        loss = sum((s.step_loss_decay ** i) * self.objective(t, n[i], alpha[i]) for i, t in enumerate(terms)) \
             * self.world  # DDP averages gradients over ranks; the global normaliser already counts them all
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.grad_clip) if s.grad_clip > 0 else \
             torch.norm(torch.stack([p.grad.norm() for p in self.params if p.grad is not None]))
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = self.optimizer.lr
         self.optimizer.step()
-        self.scheduler.step()
-        loss_per_step = (stats[:, 0] / stats[:, 1].clamp(min=1.0)).tolist()
+        loss_per_step = [float(self.objective({k: col[k][i] for k in TERMS}, n[i], alpha[i])) for i in range(len(terms))]
         return {
             "step": self.step + 1, "epoch": self.epoch, "lr": lr, "grad_norm": float(grad_norm),
             "loss": sum((s.step_loss_decay ** i) * v for i, v in enumerate(loss_per_step)),
-            "loss_per_step": loss_per_step, "acc_per_step": (stats[:, 2] / stats[:, 1].clamp(min=1.0)).tolist(),
-            "positions": stats[:, 1].tolist(), "tokens": tokens,
+            "loss_per_step": loss_per_step, "acc_per_step": (col["agree"] / n).tolist(),
+            "alpha_per_step": alpha, "positions": col["positions"].tolist(), "tokens": tokens,
         }
 
     # -- the run --------------------------------------------------------------------------

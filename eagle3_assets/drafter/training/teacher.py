@@ -4,6 +4,12 @@ The teacher lives on the training device in the compute dtype: the full-vocabula
 and the draft-vocabulary logits are matmuls against the target's ``lm_head`` there, chunked
 over tokens so a [tokens, V] block stays bounded (V = 163,840 for Kimi-K2.5). Only the
 draft-vocabulary softmax is taken in float32.
+
+The loss terms compare the draft distribution q with the target's p over the draft vocabulary
+at each counted position: forward KL (as soft cross-entropy, ``kl``), total variation
+``tv = 1 - alpha`` and ``nla = -log alpha``, where ``alpha = sum min(p, q)`` is the acceptance
+rate of speculative sampling (arXiv 2602.23881's LK losses build on it; ``lk`` blends KL and TV
+with a weight the trainer sets from the batch's alpha).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from eagle3_assets.drafter.model import shift_left
 from eagle3_assets.drafter.vocab_map import VocabMap
 
 LOGITS_PER_CHUNK = 1 << 26  # elements of one [tokens, V] argmax block (128 MiB in bf16)
+TERMS = ("kl", "tv", "nla", "positions", "agree")  # per TTT step, summed over this rank's positions
 
 
 class Teacher:
@@ -36,28 +43,96 @@ class Teacher:
         return out.view(last_hidden.shape[:-1])
 
     @torch.no_grad()
-    def __call__(self, last_hidden: torch.Tensor):
-        """(probs [B, T, N] float32, target argmax ids [B, T], argmax-in-draft-vocab [B, T])."""
-        target_ids = self.target_ids(last_hidden)
+    def __call__(self, last_hidden: torch.Tensor, target_ids: torch.Tensor | None = None):
+        """(probs [B, T, N] float32, target argmax ids [B, T], argmax-in-draft-vocab [B, T]);
+        ``target_ids`` when the argmax is known already (``TargetIdCache``)."""
+        if target_ids is None:
+            target_ids = self.target_ids(last_hidden)
         logits = last_hidden.to(self.draft_head.dtype) @ self.draft_head.T
         return logits.float().softmax(-1), target_ids, self.t2d[target_ids]
 
 
-def step_terms(logits_steps, batch: dict, teacher_out, d2t: torch.Tensor) -> list[tuple]:
-    """Per TTT step: (soft cross-entropy sum, positions counted, top-1 agreements) on this rank.
+class TargetIdCache:
+    """The target's full-vocabulary argmax at each sample's teacher rows, computed in the first
+    epoch and reused after: the stored states never change, so neither does the argmax, and
+    the [tokens, V] matmul behind it is a quarter of a CPU step for SmolLM2 (V = 49,152).
+    Holds int32 ids of at most ``max_tokens`` rows; samples past that are recomputed."""
 
-    Step s at index t predicts token t + 2 + s; it counts where that token is supervised and
-    the target's argmax at t + 1 + s is in the draft vocabulary.
+    def __init__(self, teacher: Teacher, max_tokens: int = 1 << 26):
+        self.teacher, self.max_tokens = teacher, max_tokens
+        self.store: dict[str, torch.Tensor] = {}
+        self.tokens = 0
+
+    def __call__(self, keys: list[str] | None, packed) -> torch.Tensor:
+        """Target ids [R] of ``packed.teacher_rows`` (a ``PackedBatch`` of the samples ``keys``)."""
+        rows = packed.teacher_rows
+        hidden = packed.last_hidden[rows]
+        if keys is None:
+            return self.teacher.target_ids(hidden)
+        owner = packed.sample[rows]
+        out = torch.empty(rows.numel(), dtype=torch.long, device=rows.device)
+        todo = []
+        for b, key in enumerate(keys):
+            at = torch.nonzero(owner == b).flatten()
+            if key in self.store:
+                out[at] = self.store[key].to(out.device, torch.long)
+            elif at.numel():
+                todo.append((key, at))
+        if todo:
+            at = torch.cat([a for _, a in todo])
+            out[at] = self.teacher.target_ids(hidden[at])
+            for key, a in todo:
+                if self.tokens + a.numel() <= self.max_tokens:
+                    self.store[key] = out[a].to(torch.int32)
+                    self.tokens += a.numel()
+        return out
+
+
+def position_terms(p: torch.Tensor, logits: torch.Tensor, need: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Per-position ``kl`` (soft cross-entropy), ``tv`` and ``nla`` of draft ``logits`` against
+    target probabilities ``p`` (both [..., N]); only the terms in ``need`` carry gradients."""
+    logq = F.log_softmax(logits.float(), dim=-1)
+    out = {"kl": -(p * logq).sum(-1)}
+    with torch.set_grad_enabled(torch.is_grad_enabled() and any(t in need for t in ("tv", "nla"))):
+        alpha = torch.minimum(p, logq.exp()).sum(-1)
+        out["tv"] = 1.0 - alpha
+        out["nla"] = -torch.log(alpha.clamp(min=1e-6))
+    return {k: v if k in need else v.detach() for k, v in out.items()}
+
+
+def step_terms(logits_steps, packed, teacher_out, d2t: torch.Tensor, need: tuple[str, ...] = ("kl",)) -> list[dict]:
+    """Per TTT step: sums over this rank's counted positions of every term in ``TERMS``.
+
+    ``packed`` is the batch as a ``drafter.packing.PackedBatch`` whose ``count`` set the rows
+    each step counts; ``logits_steps[s]`` are the draft logits of those rows, and ``teacher_out``
+    the teacher's output on ``packed.teacher_rows``. Row r of step s is compared with the teacher
+    at r + 1 + s, the distribution of the token at r + 2 + s.
     """
+    probs, target_ids = teacher_out[0][0], teacher_out[1][0]  # [R, N], [R]
+    slot = torch.full((packed.n,), -1, dtype=torch.long, device=probs.device)
+    slot[packed.teacher_rows] = torch.arange(packed.teacher_rows.numel(), device=probs.device)
+    out = []
+    for s, logits in enumerate(logits_steps):
+        at = slot[packed.logit_rows[s] + 1 + s]  # the teacher's row for each counted row
+        terms = {k: v.sum() for k, v in position_terms(probs[at], logits, need).items()}
+        pred = logits.argmax(-1)
+        agree = (pred + d2t[pred]) == target_ids[at]
+        out.append({**terms, "positions": probs.new_tensor(float(at.numel())), "agree": agree.float().sum()})
+    return out
+
+
+def padded_step_terms(logits_steps, batch: dict, teacher_out, d2t: torch.Tensor, need: tuple[str, ...] = ("kl",)) -> list[dict]:
+    """:func:`step_terms` on the right-padded batch itself (logits [B, T, N] per step, the
+    teacher on every position): the same sums with the work on padding, kept as the yardstick
+    the packed path is measured against (``benchmarks/drafter.py``)."""
     probs, target_ids, in_draft = teacher_out
     supervised = (batch["loss_mask"] > 0) & (batch["attention_mask"] > 0)
-    terms = []
+    out = []
     for s, logits in enumerate(logits_steps):
         mask = shift_left(supervised, s + 2, fill=False) & shift_left(in_draft, s + 1, fill=False)
-        p = shift_left(probs, s + 1, fill=0.0)
-        ce = -(p * F.log_softmax(logits.float(), dim=-1)).sum(-1)  # [B, T]
         m = mask.float()
+        terms = {k: (v * m).sum() for k, v in position_terms(shift_left(probs, s + 1, fill=0.0), logits, need).items()}
         pred = logits.argmax(-1)
         agree = ((pred + d2t[pred]) == shift_left(target_ids, s + 1, fill=-1)) & mask
-        terms.append(((ce * m).sum(), m.sum(), agree.float().sum()))
-    return terms
+        out.append({**terms, "positions": m.sum(), "agree": agree.float().sum()})
+    return out
