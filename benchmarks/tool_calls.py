@@ -46,12 +46,12 @@ FUNCTIONS = [
 def glaive_rows(n: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     rows = []
-    for _ in range(n):
+    for i in range(n):
         fns = rng.sample(FUNCTIONS, rng.randint(1, 3))
         system = ("SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -\n"
                   + "\n\n".join(json.dumps(f, indent=4) for f in fns))
         city = rng.choice(CITIES)
-        chat = f"USER: What is the weather like in {city} this week?"
+        chat = f"USER: What is the weather like in {city} this week? (ticket {i})"  # every conversation its own
         if rng.random() < 0.5:
             chat += (f"\n\n\nASSISTANT: <functioncall> {{\"name\": \"{fns[0]['name']}\", \"arguments\": "
                      f"'{{\"city\": \"{city}\"}}'}} <|endoftext|>\n\n\nFUNCTION RESPONSE: {{\"sky\": \"clear\"}}\n\n\n"

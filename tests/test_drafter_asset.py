@@ -57,12 +57,14 @@ def check_known_drafters(instance, layout, model_dir, recipe) -> dict[str, bool]
     from eagle3_assets.drafter.export import export_sglang, export_vllm, load_sglang
     from eagle3_assets.drafter.spec_decode import untrained_baseline
     from eagle3_assets.drafter.target_weights import read_target_embeddings
+    from eagle3_assets.target.spec import TargetSpec
 
     own = dataclasses.replace(recipe, evaluation=recipe.evaluation.model_copy(update={"acceptance_floor": OWN_FLOOR}))
     out = layout.drafter_dir(recipe.name)
     trained = out.parent / f"{recipe.name}-trained"
     shutil.copytree(out, trained)
     prompts = eval_prompts(layout, own.datasets, own.evaluation.eval_samples)
+    stop_ids = TargetSpec(model_dir=model_dir).stop_token_ids()
     outcomes, evals = {}, {}
     for kind in EXPECTED:
         for sub in ("sglang", "vllm"):
@@ -73,7 +75,7 @@ def check_known_drafters(instance, layout, model_dir, recipe) -> dict[str, bool]
             export_sglang(model, out / "sglang", dtype="float32")
             export_vllm(model, out / "vllm", dtype="float32", verifier=str(model_dir))
         # the trained weights under a wrong config acceptance-test as the trained ones did
-        ev = evals["trained"] if kind == "wrong aux layer ids" else evaluate_drafter(model_dir, out / "sglang", prompts, own)
+        ev = evals["trained"] if kind == "wrong aux layer ids" else evaluate_drafter(model_dir, out, prompts, own, stop_ids)
         evals[kind] = ev
         if kind == "wrong aux layer ids":  # an engine would read other layers than training used
             cfg = json.loads((out / "sglang" / "config.json").read_text())
