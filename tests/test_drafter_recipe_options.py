@@ -141,6 +141,7 @@ RECIPE = "draft_vocab_size = 64\nepochs = 1\n[datasets]\ngeneral = 1.0\n"
 
 @pytest.mark.parametrize("text, field", [
     ("norm_before_fc = true\n", "field 'norm_before_fc': cannot be served by sglang"),
+    ('norm_before_fc = true\nengines = ["vllm"]\nattention = "mla"\n', "field 'norm_before_fc': is for the Llama-style"),
     ('engines = ["vllm", "vllm"]\n', "field 'engines'"),
     ('engines = ["trt"]\n', "field 'engines'"),
     ('loss = "mse"\n', "field 'loss'"),

@@ -24,7 +24,14 @@ from dataclasses import dataclass
 import torch
 
 from eagle3_assets.drafter.model import Eagle3Drafter
-from eagle3_assets.drafter.spec_decode import AcceptanceReport, SpecResult, _call, acceptance_report, aux_from_hidden_states
+from eagle3_assets.drafter.spec_decode import (
+    AcceptanceReport,
+    SpecResult,
+    _call,
+    acceptance_report,
+    aux_from_hidden_states,
+    emit_verified,
+)
 
 
 @dataclass
@@ -93,15 +100,7 @@ def replay_one(drafter: Eagle3Drafter, item: ReplayInput, *, k: int, max_new_tok
     while finish is None:
         m = a[n_real - 1]
         new = ids[n_real + 1: n_real + 2 + m]  # the accepted drafts and the target's bonus token
-        take = []
-        for t in new:
-            take.append(t)
-            if t in stops:
-                finish = "stop"
-                break
-            if len(output) + len(take) >= max_new_tokens:
-                finish = "length"
-                break
+        take, finish = emit_verified(new, len(output), stops, max_new_tokens)
         n_real += 1 + m
         accepted.append(m)
         output.extend(take)

@@ -166,18 +166,24 @@ def speculative_generate(
         n_real += 1 + m
         tok = new[-1]
         accepted.append(m)
-        take = []
-        for t in new:
-            take.append(t)
-            if t in stops:
-                finish = "stop"
-                break
-            if len(output) + len(take) >= max_new_tokens:
-                finish = "length"
-                break
+        take, finish = emit_verified(new, len(output), stops, max_new_tokens)
         output.extend(take)
         emitted.append(len(take))
     return SpecResult(output, accepted, emitted, finish)
+
+
+def emit_verified(new: list[int], produced: int, stops: set[int], max_new_tokens: int) -> tuple[list[int], str | None]:
+    """The tokens one verification emits (accepted drafts, then the bonus token), cut at the first
+    stop id or at ``max_new_tokens`` (``produced`` already out), and why decoding ends, if it does.
+    Shared by the decoder and the replay evaluator so both end a reply by the same rule."""
+    take: list[int] = []
+    for t in new:
+        take.append(t)
+        if t in stops:
+            return take, "stop"
+        if produced + len(take) >= max_new_tokens:
+            return take, "length"
+    return take, None
 
 
 # ----------------------------------------------------------------------------- the report
