@@ -216,8 +216,10 @@ def greedy_reference(root: Path, layout, prompts: list[list[int]], max_new_token
             return cached["outputs"]
     from eagle3_assets.drafter.vllm_acceptance import _greedy
     from eagle3_assets.target.embedded import ensure_default_model
+    from eagle3_assets.drafter.vllm_acceptance import _stop_ids
 
-    outputs = _greedy(ensure_default_model(layout.models_dir), prompts, max_new_tokens)
+    model_dir = ensure_default_model(layout.models_dir)
+    outputs = _greedy(model_dir, prompts, max_new_tokens, _stop_ids(model_dir, False))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"prompts": prompts, "outputs": outputs}))
     return outputs
@@ -281,7 +283,7 @@ def replay_row(root: Path, name: str) -> dict:
     from eagle3_assets.drafter.target_weights import read_target_embeddings
     from eagle3_assets.paths import DataLayout
     from eagle3_assets.target.embedded import ensure_default_model
-    from eagle3_assets.target.loading import read_generation_stop_ids
+    from eagle3_assets.drafter.vllm_acceptance import _stop_ids
 
     layout = DataLayout.from_env()
     recipe = load_recipe(name)
@@ -292,7 +294,7 @@ def replay_row(root: Path, name: str) -> dict:
     items = replay_items(root, layout, prompts, ev.eval_max_new_tokens, drafter.config.aux_layer_ids)
     t0 = _t.perf_counter()
     rep = replay_acceptance(drafter, items, k=ev.speculative_k, max_new_tokens=ev.eval_max_new_tokens,
-                            stop_ids=read_generation_stop_ids(model_dir))
+                            stop_ids=_stop_ids(model_dir, False))
     return {**rep.as_metadata(), "seconds": round(_t.perf_counter() - t0, 1), "prompts": len(prompts),
             "k": ev.speculative_k, "max_new_tokens": ev.eval_max_new_tokens,
             "greedy_mismatches": sum(i.greedy_mismatches for i in items)}
