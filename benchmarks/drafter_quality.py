@@ -15,13 +15,17 @@ its own counters give the second acceptance length on the same prompts. Printed 
 project's evaluator and by vLLM (k=3 chain, greedy), per-position acceptance, training tokens/s,
 training and row wall time, peak RSS.
 
-``--reference`` also trains vLLM's ``speculators`` 0.9 on the same hidden states in its own
-environment (``--reference-python``) when one is there, and says why not when it is not.
+``--reference`` (or the ``reference`` command) also trains vLLM's ``speculators`` 0.9.0 on the
+same train split in its own environment (``--reference-python``; ``bash
+benchmarks/reference_env.sh`` builds it), scores it with the same evaluators and caches it as
+``results/reference_speculators.json`` (``benchmarks/reference_row.py``); without that
+environment it says why in one line.
 
 Run (every heavy piece under the shared lock on a shared box):
 
     flock /tmp/eagle3-cpu.lock .venv/bin/python benchmarks/drafter_quality.py data
     flock /tmp/eagle3-cpu.lock .venv/bin/python benchmarks/drafter_quality.py row today
+    flock /tmp/eagle3-cpu.lock .venv/bin/python benchmarks/drafter_quality.py reference
     .venv/bin/python benchmarks/drafter_quality.py table
 """
 
@@ -449,16 +453,10 @@ def speed(root: Path, steps: int, threads: int) -> None:
 
 
 def reference_status(python: str) -> str | None:
-    """Why the reference trainer (speculators 0.9) cannot run beside the rows, or None."""
-    py = Path(python)
-    if not py.is_file():
-        return (f"no reference environment at {py}: build one with speculators==0.9.0 on the CPU torch "
-                "(see the end of the README section 'Drafter quality') and pass --reference-python")
-    probe = subprocess.run([str(py), "-c", "import speculators; print(speculators.__version__)"],
-                           capture_output=True, text=True)
-    if probe.returncode or not probe.stdout.strip().startswith("0.9"):
-        return f"{py} has no speculators 0.9 ({(probe.stdout or probe.stderr).strip()[-200:]})"
-    return "the speculators run needs its CPU patches (local rank as cpu, no accelerator synchronize); not wired here"
+    """Why the reference trainer (speculators 0.9.0) cannot run beside the rows, or None."""
+    from reference_row import status
+
+    return status(python)
 
 
 def table(root: Path, names: list[str]) -> str:
@@ -469,6 +467,10 @@ def table(root: Path, names: list[str]) -> str:
             row = json.loads(path.read_text())
             if row.get("name", "").split("_s")[0] == name or row.get("name") == name:
                 rows.append(row)
+    if not names or "reference" in names:  # speculators 0.9.0 on the same data (reference_row.py)
+        from reference_row import table_rows
+
+        rows += table_rows(root)
     head = ("| row | what changes | AL project | AL vLLM | per position (project) | per position (vLLM) | "
             "untrained AL | train tok/s | train s | row s | trainer peak RSS MiB | load (1/5/15 min) |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -484,9 +486,17 @@ def table(root: Path, names: list[str]) -> str:
     return "\n".join(out)
 
 
+def run_reference(args) -> None:
+    """speculators 0.9.0 beside the rows (``reference_row.py``), or one line saying why not."""
+    from reference_row import run
+
+    run(args.root.resolve(), args.reference_python, threads=args.threads, vllm=not args.no_vllm, force=args.force,
+        epochs=args.reference_epochs, limit=args.reference_limit)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=["data", "speed", "row", "table", "_train", "_screen", "_speed"])
+    ap.add_argument("command", choices=["data", "speed", "row", "table", "reference", "_train", "_screen", "_speed"])
     ap.add_argument("names", nargs="*", help="data variants (data) or rows (row, table); default: all")
     ap.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
@@ -499,8 +509,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=30, help="speed: optimizer steps per run")
     ap.add_argument("--piece-steps", type=int, default=0,
                     help="screening rows: train in resumable pieces of this many steps (0: one piece)")
-    ap.add_argument("--reference", action="store_true", help="rows: also train speculators 0.9 on the same data")
+    ap.add_argument("--reference", action="store_true", help="rows: also train speculators 0.9.0 on the same data "
+                    "(once; cached as results/reference_speculators.json)")
     ap.add_argument("--reference-python", default=str(REPO / ".venv-speculators" / "bin" / "python"))
+    ap.add_argument("--reference-epochs", type=int, default=None, help="reference: a smoke run of this many epochs")
+    ap.add_argument("--reference-limit", type=int, default=None, help="reference: a smoke run on the first N train rows")
     args = ap.parse_args(argv)
     setup_env(args.root.resolve())
     if args.command == "data":
@@ -518,8 +531,9 @@ def main(argv=None) -> int:
             run_row(args.root, name, threads=args.threads, vllm=not args.no_vllm, force=args.force, scale=args.scale,
                     piece_steps=args.piece_steps)
         if args.reference:
-            why = reference_status(args.reference_python)
-            print(f"reference (speculators 0.9): {'cannot run: ' + why if why else 'ran'}")
+            run_reference(args)
+    elif args.command == "reference":
+        run_reference(args)
     elif args.command == "table":
         print(table(args.root, args.names))
     return 0
