@@ -159,8 +159,7 @@ def run(root: Path, python: Path | str = DEFAULT_PYTHON, *, threads: int = 2, vl
         "name": name, "description": recipe["description"], "recipe": recipe, "trainer": "speculators",
         "train": {**trained, "wall_s": trained["train_s"]}, "conversion": conversion,
         "export": ev["export"], "parity": ev["parity"],
-        "eval": {"trained": ev["replay"], "untrained": None, "prompts": ev["replay"]["prompts"], "k": ev["replay"]["k"],
-                 "max_new_tokens": ev["replay"]["max_new_tokens"], "evaluator": "replay"},
+        "eval": _eval_entry(ev["replay"]),
         "trainer_peak_rss_mib": trained["peak_rss_mib"], "load_before": load0, "load_after_training": load_trained,
     }
     try:  # a server that fails must not lose the trained and scored row
@@ -174,6 +173,15 @@ def run(root: Path, python: Path | str = DEFAULT_PYTHON, *, threads: int = 2, vl
 
     print(f"reference {name}: {line(row)}", flush=True)
     return row
+
+
+def _eval_entry(replay: dict) -> dict:
+    """A row's ``eval`` entry from ``replay_row``'s answer (the trained drafter's figures, with or
+    without an untrained baseline beside them)."""
+    if "trained" in replay:
+        return {"untrained": None, "evaluator": "replay", **replay}
+    return {"trained": replay, "untrained": None, "prompts": replay["prompts"], "k": replay["k"],
+            "max_new_tokens": replay["max_new_tokens"], "evaluator": "replay"}
 
 
 def evaluate(root: Path, name: str, checkpoint: Path, run_dir: Path) -> dict:
