@@ -36,7 +36,7 @@ REPO = HERE.parent
 NAME = "reference_speculators"
 DATASET = "dq"  # the BASE row's dataset
 DESCRIPTION = ("speculators 0.9.0 (vLLM's reference trainer): its own recipe with BASE's draft vocab, TTT steps, "
-               "epochs and lr; SGLang layout; packed rows of 2048 tokens (its 8192 is 4x slower per token on CPU)")
+               "epochs and lr; SGLang layout")
 BUILD_HINT = "build it with `bash benchmarks/reference_env.sh` (speculators==0.9.0 on the CPU torch, in .venv-speculators)"
 DEFAULT_PYTHON = REPO / ".venv-speculators" / "bin" / "python"
 
