@@ -70,7 +70,7 @@ def write_recipe(root: Path, name: str, epochs: int, limit: int | None) -> dict:
     from drafter_quality import BASE, toml_value
 
     table = {**BASE, "epochs": epochs,
-             "description": DESCRIPTION + (f" (smoke: {epochs} epochs" + (f", {limit} rows" if limit else "") + ")"
+             "description": DESCRIPTION + (f" (short run: {epochs} epochs" + (f", {limit} rows" if limit else "") + ")"
                                            if name != NAME else "")}
     lines = [f"{k} = {toml_value(v)}" for k, v in table.items() if k != "datasets"]
     lines += ["[datasets]", *(f"{d} = {float(w)}" for d, w in table["datasets"].items())]
