@@ -129,6 +129,19 @@ def test_head_from_target_takes_the_target_rows_of_the_draft_vocabulary():
     assert bool((model.norm.weight == 0.5).all())
 
 
+def test_frozen_head_stays_the_targets_while_the_rest_trains(tmp_path):
+    model, vmap, head = tiny_drafter()
+    head_from_target(model, head, torch.full((H,), 0.5), freeze=True)
+    start = copy.deepcopy(model.state_dict())
+    data = Batches([batch_of([12, 9, 5], head, vmap, seed=i) for i in range(2)])
+    settings = TrainSettings(max_steps=2, ttt_steps=2, lr=3e-3, init_head_from_target=True, freeze_head=True)
+    train(settings, model, data, Teacher(head, vmap), tmp_path, progress=False)
+    after = model.state_dict()
+    for name in ("lm_head.weight", "norm.weight"):
+        assert torch.equal(after[name], start[name]), name
+    assert not torch.equal(after["fc.weight"], start["fc.weight"])
+
+
 def test_schedules():
     cos = TrainSettings(max_steps=10, warmup_steps=2, min_lr_ratio=0.1)
     lin = cos.model_copy(update={"schedule": "linear"})
@@ -148,6 +161,7 @@ RECIPE = "draft_vocab_size = 64\nepochs = 1\n[datasets]\ngeneral = 1.0\n"
     ('optimizer = "sgd"\n', "field 'optimizer'"),
     ("feature_noise = -0.1\n", "field 'feature_noise'"),
     ("min_lr_ratio = 2.0\n", "field 'min_lr_ratio'"),
+    ("freeze_head = true\n", "field 'freeze_head': keeps the head as it starts"),
 ])
 def test_recipe_refuses_bad_options_naming_the_field(text, field, tmp_path):
     path = tmp_path / "r.toml"

@@ -46,6 +46,8 @@ class TrainSettings(_Section):
     feature_noise: float = Field(0.0, ge=0.0)
     # lm_head and final norm start as the target's own (its head's rows for the draft vocabulary)
     init_head_from_target: bool = False
+    # ... and stays there: only fc and the decoder layer train (speculators' choice); needs the above
+    freeze_head: bool = False
     # optimizer and schedule; muon: torch.optim.Muon on the 2-D weights (fc, attention, MLP, with
     # Moonshot's AdamW-matched lr scaling, so lr means the same), AdamW on the head and norms
     optimizer: Literal["adamw", "muon"] = "adamw"
@@ -76,6 +78,13 @@ class TrainSettings(_Section):
         if not all(0.0 <= float(b) < 1.0 and math.isfinite(b) for b in v):
             raise ValueError("each beta must be in [0, 1)")
         return v
+
+    @model_validator(mode="after")
+    def _frozen_head_from_target(self):
+        if self.freeze_head and not self.init_head_from_target:
+            raise ValueError("'freeze_head' keeps the head as it starts: it needs init_head_from_target = true "
+                             "(a frozen random head cannot learn)")
+        return self
 
     @model_validator(mode="after")
     def _one_length(self):

@@ -50,12 +50,15 @@ def drafter_config(job: TrainJob, dataset: ShardDataset) -> DrafterConfig:
     return cfg
 
 
-def head_from_target(model, lm_head: torch.Tensor, final_norm: torch.Tensor):
+def head_from_target(model, lm_head: torch.Tensor, final_norm: torch.Tensor, *, freeze: bool = False):
     """Start the draft head as the target's: its rows of the draft vocabulary and its final norm,
-    so the drafter first has to reproduce the target's last hidden state, not learn a head."""
+    so the drafter first has to reproduce the target's last hidden state, not learn a head;
+    ``freeze`` keeps both there (the optimizer never sees them)."""
     with torch.no_grad():
         model.lm_head.weight.copy_(lm_head[model.d2t + torch.arange(model.d2t.numel())])
         model.norm.weight.copy_(final_norm)
+    for p in (model.lm_head.weight, model.norm.weight):
+        p.requires_grad_(not freeze)
     return model
 
 
@@ -86,7 +89,7 @@ def run_job(job: TrainJob, on_metrics=None) -> dict:
                           seed=s.seed if job.init_seed is None else job.init_seed)
     lm_head = read_target_lm_head(job.target_dir)
     if s.init_head_from_target:
-        head_from_target(model, lm_head, read_target_final_norm(job.target_dir))
+        head_from_target(model, lm_head, read_target_final_norm(job.target_dir), freeze=s.freeze_head)
     model = model.to(device)
     teacher = Teacher(lm_head, vmap, device=device, dtype=dtype)
     trainer = Trainer(s, model, data, teacher, out_dir, compute_dtype=dtype, vocab_hash=vmap.source_hash,
