@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -101,8 +103,8 @@ def make_data(root: Path, prompts: Path, names: list[str], *, backend: str, max_
     if todo and backend == "vllm":
         server = VLLMServer(ensure_default_model(layout.models_dir), role="generate", max_model_len=2048,
                             env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})  # both cores compute
-    report = {}
-    with server:
+    report, seconds, complete = {}, {}, []
+    with server:  # phase 1: every variant's replies and corpus while the server is up
         resources = default_resources()
         if backend == "vllm" and todo:
             resources["vllm"] = VLLMResource(base_urls=[server.api_url], endpoint="completions")
@@ -125,12 +127,18 @@ def make_data(root: Path, prompts: Path, names: list[str], *, backend: str, max_
                 if have < planned:
                     print(f"data {name}: {have}/{planned} samples so far; run again to continue", flush=True)
                     continue
-                result = materialize_selection(instance, ["hidden_states"], name,
-                                               {"ops": {"hidden_states": {"config": {}}}})
-                if not result.success:
-                    raise SystemExit(f"{name}: hidden_states failed (run {result.run_id})")
-            report[name] = {**corpus_figures(layout, name), "seconds": round(time.perf_counter() - t0, 1)}
-            print(f"data {name}: {json.dumps(report[name])} load {uptime()}", flush=True)
+            seconds[name] = time.perf_counter() - t0
+            complete.append(name)
+    # phase 2: hidden states once the server is stopped and its memory back
+    for name in complete:
+        t0 = time.perf_counter()
+        if name in todo:
+            result = materialize_selection(instance, ["hidden_states"], name, {"ops": {"hidden_states": {"config": {}}}})
+            if not result.success:
+                raise SystemExit(f"{name}: hidden_states failed (run {result.run_id})")
+        seconds[name] += time.perf_counter() - t0
+        report[name] = {**corpus_figures(layout, name), "seconds": round(seconds[name], 1)}
+        print(f"data {name}: {json.dumps(report[name])} load {uptime()}", flush=True)
     return report
 
 
@@ -158,12 +166,18 @@ BASE = {
     "warmup_steps": 0, "schedule": "cosine", "checkpoint_every": 1000,
     "acceptance_floor": 1.0, "eval_samples": 1000, "eval_max_new_tokens": MAX_NEW_TOKENS, "speculative_k": 3,
 }
-# row -> (what it changes, overrides of BASE)
+# row -> (what it changes, overrides of BASE). Rows on more data keep today's number of steps
+# unless they say otherwise, so a row's gain is the lever's and not more compute.
+GREEDY_AND_8 = {"dq": 1.0, "dq_t07x2": 1.0, "dq_t07x6": 1.0}  # 1 greedy + 8 sampled replies per prompt
 VARIANTS = {
     "today": ("today's trainer, matched recipe", {}),
     "replies": ("+ 2 sampled replies per prompt (T 0.7, top-p 0.95) next to the greedy one, same steps",
                 {"datasets": {"dq": 1.0, "dq_t07x2": 1.0}, "epochs": 4.33}),
+    "replies8": ("+ 8 sampled replies per prompt next to the greedy one, same steps",
+                 {"datasets": GREEDY_AND_8, "epochs": 1.44}),
     "head": ("+ draft head and final norm start as the target's", {"init_head_from_target": True}),
+    "head_frozen": ("+ draft head and final norm are the target's, frozen",
+                    {"init_head_from_target": True, "freeze_head": True}),
     "noise": ("+ feature noise, uniform +-0.1 x token RMS", {"feature_noise": 0.1}),
     "lk": ("loss: LK blend of KL and TV", {"loss": "lk"}),
     "tv": ("loss: total variation", {"loss": "tv"}),
@@ -171,6 +185,7 @@ VARIANTS = {
     "ttt5": ("5 TTT steps", {"ttt_steps": 5}),
     "muon": ("optimizer: Muon on the matrices", {"optimizer": "muon"}),
     "lr": ("lr 3e-3, 20 warmup steps", {"lr": 3e-3, "warmup_steps": 20}),
+    "epochs26": ("26 epochs (twice the steps)", {"epochs": 26}),
     "wide": ("intermediate 3072", {"intermediate_size": 3072}),
 }
 
@@ -190,13 +205,16 @@ def recipe_table(name: str, scale: float = 1.0) -> dict:
     return table
 
 
-def write_recipe(root: Path, name: str, scale: float = 1.0) -> Path:
-    """The row's recipe as a TOML file under the benchmark's recipes folder."""
+def write_recipe(root: Path, name: str, scale: float = 1.0, out_name: str | None = None, curve: bool = False) -> Path:
+    """The row's recipe as a TOML file under the benchmark's recipes folder; ``curve`` keeps
+    about ``CURVE_POINTS`` checkpoints for :func:`checkpoint_curve`."""
     table = recipe_table(name, scale)
+    if curve:
+        table.update(curve_schedule(table))
     lines = [f"{k} = {toml_value(v)}" for k, v in table.items() if k != "datasets"]
     lines.append("[datasets]")
     lines += [f"{d} = {float(w)}" for d, w in table["datasets"].items()]
-    path = root / "recipes" / f"{row_name(name, scale)}.toml"
+    path = root / "recipes" / f"{out_name or row_name(name, scale)}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -218,9 +236,8 @@ def greedy_reference(root: Path, layout, prompts: list[list[int]], max_new_token
         cached = json.loads(path.read_text())
         if cached["prompts"] == prompts:
             return cached["outputs"]
-    from eagle3_assets.drafter.vllm_acceptance import _greedy
+    from eagle3_assets.drafter.vllm_acceptance import _greedy, _stop_ids
     from eagle3_assets.target.embedded import ensure_default_model
-    from eagle3_assets.drafter.vllm_acceptance import _stop_ids
 
     model_dir = ensure_default_model(layout.models_dir)
     outputs = _greedy(model_dir, prompts, max_new_tokens, _stop_ids(model_dir, False))
@@ -278,16 +295,18 @@ REPLAY_LOOKAHEAD = 8  # greedy tokens past each reply: enough for any k <= 8
 
 
 def replay_row(root: Path, name: str) -> dict:
-    """The replay evaluator (``drafter/replay_acceptance.py``: exact, seconds) on the row's export."""
+    """The replay evaluator (``drafter/replay_acceptance.py``: exact, seconds) on the row's export
+    and on an untrained drafter of the same shape (the floor every row is read against)."""
     import time as _t
 
     from eagle3_assets.drafter.evaluate import eval_prompts, load_export
     from eagle3_assets.drafter.recipes import load_recipe
     from eagle3_assets.drafter.replay_acceptance import replay_acceptance
+    from eagle3_assets.drafter.spec_decode import untrained_baseline
     from eagle3_assets.drafter.target_weights import read_target_embeddings
+    from eagle3_assets.drafter.vllm_acceptance import _stop_ids
     from eagle3_assets.paths import DataLayout
     from eagle3_assets.target.embedded import ensure_default_model
-    from eagle3_assets.drafter.vllm_acceptance import _stop_ids
 
     layout = DataLayout.from_env()
     recipe = load_recipe(name)
@@ -296,18 +315,20 @@ def replay_row(root: Path, name: str) -> dict:
     drafter = load_export(layout.drafter_dir(name), read_target_embeddings(model_dir)).float().eval()
     prompts = eval_prompts(layout, recipe.datasets, ev.eval_samples)
     items = replay_items(root, layout, prompts, ev.eval_max_new_tokens, drafter.config.aux_layer_ids)
-    t0 = _t.perf_counter()
-    rep = replay_acceptance(drafter, items, k=ev.speculative_k, max_new_tokens=ev.eval_max_new_tokens,
-                            stop_ids=_stop_ids(model_dir, False))
-    return {**rep.as_metadata(), "seconds": round(_t.perf_counter() - t0, 1), "prompts": len(prompts),
-            "k": ev.speculative_k, "max_new_tokens": ev.eval_max_new_tokens,
-            "greedy_mismatches": sum(i.greedy_mismatches for i in items)}
+    out = {}
+    for which, model in (("trained", drafter), ("untrained", untrained_baseline(drafter, seed=recipe.training.seed + 1))):
+        t0 = _t.perf_counter()
+        rep = replay_acceptance(model, items, k=ev.speculative_k, max_new_tokens=ev.eval_max_new_tokens,
+                                stop_ids=_stop_ids(model_dir, False))
+        out[which] = {**rep.as_metadata(), "seconds": round(_t.perf_counter() - t0, 1)}
+    return {**out, "prompts": len(prompts), "k": ev.speculative_k, "max_new_tokens": ev.eval_max_new_tokens,
+            "greedy_mismatches": sum(i.greedy_mismatches for i in items), "evaluator": "replay"}
 
 
-def screen_row(root: Path, name: str, threads: int, piece_steps: int) -> dict:
-    """(In a fresh process.) A screening row: the trainer entry point on the recipe's job (as the
-    asset launches it), at most ``piece_steps`` more optimizer steps per call (0: to the end; the
-    trainer resumes from its checkpoint), then the replay evaluator on the trained drafter."""
+def fit_row(root: Path, name: str, threads: int, piece_steps: int) -> dict:
+    """(In a fresh process.) One row: the trainer entry point on the recipe's job file, as the
+    asset launches it, at most ``piece_steps`` more optimizer steps per call (0: to the end; the
+    trainer resumes from its checkpoint), then the replay evaluator on the exported drafter."""
     from eagle3_assets.drafter.recipes import load_recipe
     from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint
     from eagle3_assets.drafter.training.config import ExportSettings, RuntimeSettings, TrainJob
@@ -336,10 +357,57 @@ def screen_row(root: Path, name: str, threads: int, piece_steps: int) -> dict:
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     if trained.get("stopped_early"):
         return {"partial": True, "steps": trained["steps"], "total_steps": trained["total_steps"], "piece_s": wall}
-    ev = replay_row(root, name)
     return {"train": trained, "row_wall_s": time.perf_counter() - t0, "trainer_peak_rss_mib": rss,
-            "eval": {"trained": ev, "untrained": None, "prompts": ev["prompts"], "k": ev["k"],
-                     "max_new_tokens": ev["max_new_tokens"], "evaluator": "replay"}}
+            "eval": replay_row(root, name), "curve": checkpoint_curve(root, name)}
+
+
+CURVE_POINTS = 10  # checkpoints per row scored by the replay evaluator (acceptance over training)
+
+
+def curve_schedule(table: dict) -> dict:
+    """``checkpoint_every`` and ``keep_checkpoints`` for about ``CURVE_POINTS`` scored checkpoints
+    over the row's run (neither changes the trained weights)."""
+    from eagle3_assets.paths import DataLayout
+
+    layout = DataLayout.from_env()
+    samples = sum(w * corpus_figures(layout, d)["train"]["samples"] for d, w in table["datasets"].items())
+    total = math.ceil(table["epochs"] * math.ceil(samples / table["batch_size"]))
+    return {"checkpoint_every": max(1, total // CURVE_POINTS), "keep_checkpoints": CURVE_POINTS + 2}
+
+
+def checkpoint_curve(root: Path, name: str) -> list[dict]:
+    """Acceptance length by the replay evaluator at every kept checkpoint of the row (its fp32
+    weights; the last point is the end of training, which the exported bf16 drafter rounds)."""
+    from eagle3_assets.drafter.evaluate import eval_prompts
+    from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
+    from eagle3_assets.drafter.recipes import load_recipe
+    from eagle3_assets.drafter.replay_acceptance import replay_acceptance
+    from eagle3_assets.drafter.target_weights import read_target_embeddings
+    from eagle3_assets.drafter.training.checkpoints import checkpoints_dir, load_checkpoint
+    from eagle3_assets.drafter.vllm_acceptance import _stop_ids
+    from eagle3_assets.paths import DataLayout
+    from eagle3_assets.target.embedded import ensure_default_model
+
+    layout = DataLayout.from_env()
+    recipe = load_recipe(name)
+    ev = recipe.evaluation
+    out = layout.drafter_dir(name)
+    per_epoch = json.loads((out / "result.json").read_text())["batches_per_epoch"]
+    model_dir = ensure_default_model(layout.models_dir)
+    embeddings, stops = read_target_embeddings(model_dir), _stop_ids(model_dir, False)
+    prompts = eval_prompts(layout, recipe.datasets, ev.eval_samples)
+    curve = []
+    for path in sorted(checkpoints_dir(out).glob("step-*.pt")):
+        state = load_checkpoint(path)
+        drafter = Eagle3Drafter(DrafterConfig.from_dict(state["drafter_config"])).set_embeddings(embeddings)
+        drafter.load_state_dict(state["model"], strict=False)
+        items = replay_items(root, layout, prompts, ev.eval_max_new_tokens, drafter.config.aux_layer_ids)
+        rep = replay_acceptance(drafter.float().eval(), items, k=ev.speculative_k,
+                                max_new_tokens=ev.eval_max_new_tokens, stop_ids=stops)
+        curve.append({"step": state["step"], "epoch": round(state["epoch"] + state["batch_in_epoch"] / per_epoch, 2),
+                      "acceptance_length": round(rep.acceptance_length, 4),
+                      "train_loss": round(state["metrics"][-1]["loss"], 4)})
+    return curve
 
 
 def vllm_row(root: Path, name: str, ev: dict) -> dict:
@@ -377,11 +445,10 @@ def run_row(root: Path, name: str, *, threads: int, vllm: bool, force: bool, sca
     if path.exists() and not force:
         print(f"row {rname}: cached in {path} (--force to rerun)")
         return json.loads(path.read_text())
-    write_recipe(root, name, scale)
+    write_recipe(root, name, scale, curve=True)
     load0 = uptime()
-    mode = "_train" if vllm else "_screen"  # full rows go through the asset; screening rows are lighter
-    while True:  # a screening row in pieces of --piece-steps steps, each resuming the last checkpoint
-        res = subprocess.run([sys.executable, __file__, mode, rname, "--root", str(root), "--threads", str(threads),
+    while True:  # in pieces of --piece-steps steps, each resuming the last checkpoint
+        res = subprocess.run([sys.executable, __file__, "_fit", rname, "--root", str(root), "--threads", str(threads),
                               "--piece-steps", str(piece_steps)], capture_output=True, text=True)
         if res.returncode:
             raise SystemExit(f"row {rname} failed:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}")
@@ -392,11 +459,36 @@ def run_row(root: Path, name: str, *, threads: int, vllm: bool, force: bool, sca
     table = recipe_table(name, scale)
     row.update(name=rname, description=table["description"], recipe=table, load_before=load0,
                load_after_training=uptime(), finished_at=time.strftime("%Y-%m-%d %H:%M:%S"))
-    row["vllm"] = vllm_row(root, rname, row["eval"]) if vllm else {"skipped": "not measured (screening)"}
+    row["vllm"] = vllm_row(root, rname, row["eval"]) if vllm else {"skipped": "not measured (--no-vllm)"}
     row["load_after"] = uptime()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(row, indent=2))
     print(f"row {rname}: {line(row)}", flush=True)
+    return row
+
+
+def run_final(root: Path, name: str, *, threads: int) -> dict:
+    """A row end to end through Dagster: ``drafter_checkpoint[<row>_asset]`` materialized in the
+    benchmark's instance (trainer through Pipes, exports, the real chain decoder on every held-out
+    prompt, the ``drafter_acceptance`` check), then vLLM on its export; the replay evaluator on the
+    same export is printed beside the decoder, which it must equal."""
+    rname = f"{name}_asset"
+    table = recipe_table(name)
+    write_recipe(root, name, out_name=rname)
+    load0 = uptime()
+    res = subprocess.run([sys.executable, __file__, "_train", rname, "--root", str(root), "--threads", str(threads)],
+                         capture_output=True, text=True)
+    if res.returncode:
+        raise SystemExit(f"final {rname} failed:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}")
+    row = json.loads(res.stdout.strip().splitlines()[-1])
+    row.update(name=rname, description=table["description"] + " (through the asset, real decoder)", recipe=table,
+               load_before=load0, finished_at=time.strftime("%Y-%m-%d %H:%M:%S"), replay=replay_row(root, rname))
+    row["vllm"] = vllm_row(root, rname, row["eval"])
+    path = root / "results" / f"{rname}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(row, indent=2))
+    print(f"final {rname}: {line(row)}; replay evaluator {row['replay']['trained']['acceptance_length']:.3f}; "
+          f"checks {row['checks']}", flush=True)
     return row
 
 
@@ -405,7 +497,9 @@ def line(row: dict) -> str:
     vl = f"{v['acceptance_length']:.3f}" if "acceptance_length" in v else "-"
     return (f"AL {t['acceptance_length']:.3f} (vLLM {vl}), per position "
             f"{' '.join(f'{x:.2f}' for x in t['per_position_rate'])}, {tr['tokens_per_s']:.0f} tok/s, "
-            f"train {tr['wall_s']:.0f}s, row {row['row_wall_s']:.0f}s, trainer peak RSS {row['trainer_peak_rss_mib']:.0f} MiB")
+            f"train {tr['wall_s']:.0f}s, row {row['row_wall_s']:.0f}s, trainer peak RSS {row['trainer_peak_rss_mib']:.0f} MiB"
+            + ("; over training (epoch: AL) " + ", ".join(f"{c['epoch']:g}: {c['acceptance_length']:.3f}" for c in row["curve"])
+               if row.get("curve") else ""))
 
 
 def speed_once(root: Path, mode: str, steps: int, threads: int) -> dict:
@@ -459,23 +553,29 @@ def reference_status(python: str) -> str | None:
     return status(python)
 
 
-def table(root: Path, names: list[str]) -> str:
-    """The ablation table (markdown) from the rows' result files, in ``VARIANTS`` order."""
+def result_rows(root: Path, names: list[str]) -> list[dict]:
+    """Result files of the named rows (all when none), in ``VARIANTS`` order: each row, its
+    screening runs and its run through the asset; then the reference trainer's."""
+    found = {p.stem: json.loads(p.read_text()) for p in sorted((root / "results").glob("*.json"))
+             if not p.stem.startswith(("greedy-", "replay-"))}
     rows = []
     for name in names or list(VARIANTS):
-        for path in sorted((root / "results").glob(f"{name}*.json")):
-            row = json.loads(path.read_text())
-            if row.get("name", "").split("_s")[0] == name or row.get("name") == name:
-                rows.append(row)
+        rows += [r for stem, r in found.items()
+                 if stem == name or stem == f"{name}_asset" or re.fullmatch(rf"{re.escape(name)}_s[0-9.]+", stem)]
     if not names or "reference" in names:  # speculators 0.9.0 on the same data (reference_row.py)
         from reference_row import table_rows
 
         rows += table_rows(root)
+    return rows
+
+
+def table(root: Path, names: list[str]) -> str:
+    """The ablation table (markdown) from the rows' result files, in ``VARIANTS`` order."""
     head = ("| row | what changes | AL project | AL vLLM | per position (project) | per position (vLLM) | "
             "untrained AL | train tok/s | train s | row s | trainer peak RSS MiB | load (1/5/15 min) |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in rows:
-        t, u, v, tr = r["eval"]["trained"], r["eval"]["untrained"] or {}, r["vllm"], r["train"]
+    for r in result_rows(root, names):
+        t, u, v, tr = r["eval"]["trained"], r["eval"].get("untrained") or {}, r["vllm"], r["train"]
         vl = f"{v['acceptance_length']:.3f}" if "acceptance_length" in v else v.get("skipped", "-")
         vp = " / ".join(f"{x:.2f}" for x in v.get("per_position_rate", [])) or "-"
         ul = f"{u['acceptance_length']:.3f}" if u else "-"
@@ -484,6 +584,35 @@ def table(root: Path, names: list[str]) -> str:
                    f"{tr['tokens_per_s']:.0f} | {tr['wall_s']:.0f} | {r['row_wall_s']:.0f} | "
                    f"{r['trainer_peak_rss_mib']:.0f} | {r['load_before']} |")
     return "\n".join(out)
+
+
+def plot_curves(root: Path, names: list[str], path: Path) -> Path | None:
+    """Acceptance length over training (the replay evaluator on each row's kept checkpoints), one
+    line per row, with the 2.2 goal and the reference trainer's figure when there is one."""
+    rows = [r for r in result_rows(root, names) if r.get("curve")]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in rows:
+        xs = [c["epoch"] / r["recipe"]["epochs"] for c in r["curve"]]
+        ax.plot(xs, [c["acceptance_length"] for c in r["curve"]], marker="o", markersize=3, label=r["name"])
+    ref = [r for r in result_rows(root, ["reference"]) if r["name"].startswith("reference")]
+    for r in ref:
+        ax.axhline(r["eval"]["trained"]["acceptance_length"], color="gray", linestyle=":", label=r["name"])
+    ax.axhline(2.2, color="black", linestyle="--", linewidth=1, label="goal 2.2")
+    ax.set_xlabel("share of the row's training run")
+    ax.set_ylabel("acceptance length (k=3, held-out)")
+    ax.set_title("Acceptance over training, replay evaluator")
+    ax.legend(fontsize=7, ncol=2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def run_reference(args) -> None:
@@ -496,7 +625,7 @@ def run_reference(args) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=["data", "speed", "row", "table", "reference", "_train", "_screen", "_speed"])
+    ap.add_argument("command", choices=["data", "speed", "row", "table", "reference", "final", "_train", "_fit", "_speed"])
     ap.add_argument("names", nargs="*", help="data variants (data) or rows (row, table); default: all")
     ap.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
@@ -520,8 +649,8 @@ def main(argv=None) -> int:
         make_data(args.root, args.prompts, args.names or list(DATA), backend=args.backend, max_samples=args.max_samples)
     elif args.command == "_train":
         print(json.dumps(train_row(args.names[0], args.threads)))
-    elif args.command == "_screen":
-        print(json.dumps(screen_row(args.root, args.names[0], args.threads, args.piece_steps)))
+    elif args.command == "_fit":
+        print(json.dumps(fit_row(args.root, args.names[0], args.threads, args.piece_steps)))
     elif args.command == "_speed":
         print(json.dumps(speed_once(args.root, args.names[0], args.steps, args.threads)))
     elif args.command == "speed":
@@ -532,10 +661,16 @@ def main(argv=None) -> int:
                     piece_steps=args.piece_steps)
         if args.reference:
             run_reference(args)
+    elif args.command == "final":
+        for name in args.names:
+            run_final(args.root, name, threads=args.threads)
     elif args.command == "reference":
         run_reference(args)
     elif args.command == "table":
         print(table(args.root, args.names))
+        png = plot_curves(args.root, args.names, args.root / "results" / "acceptance_over_training.png")
+        if png:
+            print(f"acceptance over training: {png}")
     return 0
 
 
