@@ -206,3 +206,30 @@ def test_target_ids_are_cached_per_sample_and_unchanged():
     teacher.target_ids = lambda h: calls.append(h) or torch.zeros(h.shape[0], dtype=torch.long)
     again = [{k: float(v.detach()) for k, v in t.items()} for t in trainer.step_sums(batch)]
     assert not calls and again == first
+
+
+# Kimi-K2.5's language model as its config.json `text_config` states it (DeepSeek-V3 shape).
+K25_TEXT = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "vocab_size": 163840, "hidden_size": 7168,
+            "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+            "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "hidden_act": "silu",
+            "rms_norm_eps": 1e-5, "max_position_embeddings": 262144, "rope_theta": 50000.0,
+            "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096,
+                             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}}
+
+
+def test_documented_kimi_k25_recipe_loads_and_shapes_a_k25_drafter():
+    """docs/recipes/kimi-k2.5.toml validates, and on K2.5's config gives the MLA drafter both engines
+    load (aux layers [1, 29, 57], the target's latent sizes) with a floor an untrained drafter fails."""
+    from pathlib import Path
+
+    recipe = parse_recipe(Path(__file__).resolve().parents[1] / "docs" / "recipes" / "kimi-k2.5.toml")
+    cfg = DrafterConfig.from_target({"text_config": K25_TEXT}, draft_vocab_size=recipe.shape.draft_vocab_size,
+                                    aux_layer_ids=recipe.shape.aux_layer_ids, attention=recipe.shape.attention,
+                                    intermediate_size=recipe.shape.intermediate_size)
+    assert cfg.aux_layer_ids == [1, 29, 57] and cfg.attention == "mla"
+    assert (cfg.mla["kv_lora_rank"], cfg.mla["qk_rope_head_dim"]) == (512, 64)  # what vLLM's MLA kernels need
+    assert (cfg.vocab_size, cfg.draft_vocab_size, cfg.intermediate_size) == (163840, 32000, 18432)
+    assert recipe.training.ttt_steps == recipe.evaluation.speculative_k == 3
+    assert recipe.training.feature_noise > 0 and len(recipe.datasets) >= 2
+    assert recipe.evaluation.acceptance_floor > 1.0  # an untrained drafter's acceptance length is 1.0
