@@ -162,7 +162,7 @@ def corpus_figures(layout, name: str) -> dict:
 # every held-out prompt: whole replies (up to the 256 generated tokens), k=3 chain, greedy.
 BASE = {
     "datasets": {"dq": 1.0}, "draft_vocab_size": 8192, "intermediate_size": 1536,
-    "ttt_steps": 3, "step_loss_decay": 1.0, "lr": 1e-3, "epochs": 13, "batch_size": 8, "max_length": 2048,
+    "ttt_steps": 3, "step_loss_decay": 1.0, "feature_noise": 0.0, "lr": 1e-3, "epochs": 13, "batch_size": 8, "max_length": 2048,
     "warmup_steps": 0, "schedule": "cosine", "checkpoint_every": 1000,
     "acceptance_floor": 1.0, "eval_samples": 1000, "eval_max_new_tokens": MAX_NEW_TOKENS, "speculative_k": 3,
 }
@@ -187,6 +187,12 @@ VARIANTS = {
     "lr": ("lr 3e-3, 20 warmup steps", {"lr": 3e-3, "warmup_steps": 20}),
     "epochs26": ("26 epochs (twice the steps)", {"epochs": 26}),
     "wide": ("intermediate 3072", {"intermediate_size": 3072}),
+    "replies8_noise_e3": ("1 greedy + 8 sampled replies per prompt, feature noise 0.1, 3 epochs (2x today's steps)",
+                          {"datasets": GREEDY_AND_8, "feature_noise": 0.1, "epochs": 3}),
+    "replies8_noise_frozen_e3": ("1 greedy + 8 sampled replies per prompt, feature noise 0.1, the target's head and "
+                                 "final norm frozen, 3 epochs (2x today's steps)",
+                                 {"datasets": GREEDY_AND_8, "feature_noise": 0.1, "init_head_from_target": True,
+                                  "freeze_head": True, "epochs": 3}),
 }
 
 

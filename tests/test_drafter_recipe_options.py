@@ -80,7 +80,7 @@ def test_packed_training_equals_the_padded_batch(loss):
     model, vmap, head = tiny_drafter()
     teacher = Teacher(head, vmap)
     batch = batch_of([20, 7, 13, 3, 1], head, vmap)
-    settings = TrainSettings(max_steps=1, ttt_steps=3, loss=loss)
+    settings = TrainSettings(max_steps=1, ttt_steps=3, loss=loss, feature_noise=0.0)
     sums, grads = {}, {}
     for packed in (False, True):
         m = copy.deepcopy(model)
@@ -199,7 +199,7 @@ def test_target_ids_are_cached_per_sample_and_unchanged():
     model, vmap, head = tiny_drafter()
     teacher = Teacher(head, vmap)
     batch = {**batch_of([9, 14, 4], head, vmap), "keys": ["a", "b", "c"]}
-    trainer = Trainer(TrainSettings(max_steps=1, ttt_steps=2), model, Batches([batch]), teacher, "unused")
+    trainer = Trainer(TrainSettings(max_steps=1, ttt_steps=2, feature_noise=0.0), model, Batches([batch]), teacher, "unused")
     first = [{k: float(v.detach()) for k, v in t.items()} for t in trainer.step_sums(batch)]
     assert set(trainer.target_ids.store) == {"a", "b", "c"}
     calls = []
