@@ -35,7 +35,6 @@ description = "SLURM tests: one tiny dataset"
 draft_vocab_size = 512
 intermediate_size = 256
 ttt_steps = 2
-feature_noise = 0.0  # bit-exact resume across a relaunch is compared below; noise draws are not restored across ranks yet
 lr = 3e-3
 warmup_steps = 1
 max_steps = 16

@@ -5,8 +5,9 @@ A batch (right padding; ``attention_mask`` marks real tokens) holds ``input_ids`
 step's objective (``loss``: forward KL, TV, -log alpha or the LK blend) is averaged over the
 positions that count *in the global batch*, so one process and N processes compute the same
 gradient; the steps are summed with weights ``step_loss_decay ** s``. ``feature_noise`` perturbs
-the target features of each batch (seeded: resume replays it). On a GPU the drafter runs under
-bf16 autocast (fp32 master weights) and the teacher in bf16; on CPU both run in fp32.
+the target features of each batch (keyed by seed, step and rank: a resumed run draws what the
+uninterrupted one drew). On a GPU the drafter runs under bf16 autocast (fp32 master weights)
+and the teacher in bf16; on CPU both run in fp32.
 """
 
 from __future__ import annotations
@@ -137,9 +138,16 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     def noisy(self, aux: torch.Tensor) -> torch.Tensor:
-        """``aux`` plus uniform noise in [-a, a], a = feature_noise x each token's feature RMS."""
+        """``aux`` plus uniform noise in [-a, a], a = feature_noise x each token's feature RMS.
+
+        The draws come from a generator keyed by (seed, step, rank), not from the global stream:
+        a run resumed from a checkpoint (or relaunched by a scheduler) draws exactly what the
+        uninterrupted run drew, whatever else touched the global generator in between."""
         a = self.settings.feature_noise * aux.pow(2).mean(-1, keepdim=True).sqrt()
-        return aux + (torch.rand(aux.shape, device=aux.device, dtype=aux.dtype) * 2 - 1) * a
+        key = (self.settings.seed * 1_000_003 + self.step) * 1_009 + self.rank
+        g = torch.Generator(device=aux.device).manual_seed(key % (1 << 63))
+        u = torch.rand(aux.shape, generator=g, device=aux.device, dtype=torch.float32).to(aux.dtype)
+        return aux + (u * 2 - 1) * a
 
     def objective(self, sums: dict, n: torch.Tensor, alpha_mean: float) -> torch.Tensor:
         """The recipe's loss for one TTT step from its summed terms over ``n`` global positions."""
