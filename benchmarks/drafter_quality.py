@@ -159,7 +159,7 @@ def corpus_figures(layout, name: str) -> dict:
 
 # Today's recipe with the reference trainer's knobs matched where this trainer has them (draft
 # vocab 8192, 3 TTT steps at equal weight, intermediate 1536, 13 epochs at lr 1e-3), evaluated on
-# every held-out prompt: whole replies (up to the 256 generated tokens), k=3 chain, greedy.
+# every held-out prompt: whole replies (up to MAX_NEW_TOKENS generated tokens), k=3 chain, greedy.
 BASE = {
     "datasets": {"dq": 1.0}, "draft_vocab_size": 8192, "intermediate_size": 1536,
     "ttt_steps": 3, "step_loss_decay": 1.0, "feature_noise": 0.0, "lr": 1e-3, "epochs": 13, "batch_size": 8, "max_length": 2048,
@@ -179,6 +179,7 @@ VARIANTS = {
     "head_frozen": ("+ draft head and final norm are the target's, frozen",
                     {"init_head_from_target": True, "freeze_head": True}),
     "noise": ("+ feature noise, uniform +-0.1 x token RMS", {"feature_noise": 0.1}),
+    "noise03": ("+ feature noise, uniform +-0.3 x token RMS", {"feature_noise": 0.3}),
     "lk": ("loss: LK blend of KL and TV", {"loss": "lk"}),
     "tv": ("loss: total variation", {"loss": "tv"}),
     "norm_fc": ("+ RMSNorm before fc (vLLM only)", {"norm_before_fc": True, "engines": ["vllm"]}),
@@ -189,6 +190,18 @@ VARIANTS = {
     "wide": ("intermediate 3072", {"intermediate_size": 3072}),
     "replies8_noise_e3": ("1 greedy + 8 sampled replies per prompt, feature noise 0.1, 3 epochs (2x today's steps)",
                           {"datasets": GREEDY_AND_8, "feature_noise": 0.1, "epochs": 3}),
+    "levers": ("+ every lever measured to help alone on dq: feature noise 0.1, RMSNorm before fc, lr 3e-3 "
+               "with 20 warmup steps (vLLM only)",
+               {"feature_noise": 0.1, "norm_before_fc": True, "engines": ["vllm"], "lr": 3e-3, "warmup_steps": 20}),
+    "noise_norm_fc": ("+ feature noise 0.1 and RMSNorm before fc (vLLM only)",
+                      {"feature_noise": 0.1, "norm_before_fc": True, "engines": ["vllm"]}),
+    "replies8_noise_norm_fc_e3": ("1 greedy + 8 sampled replies per prompt, feature noise 0.1, RMSNorm before fc, "
+                                  "3 epochs (2x today's steps; vLLM only)",
+                                  {"datasets": GREEDY_AND_8, "feature_noise": 0.1, "norm_before_fc": True,
+                                   "engines": ["vllm"], "epochs": 3}),
+    "replies8_noise_norm_fc_e3_seed1": ("replies8_noise_norm_fc_e3 with seed 1 (initialisation, batch order, noise draws)",
+                                        {"datasets": GREEDY_AND_8, "feature_noise": 0.1, "norm_before_fc": True,
+                                         "engines": ["vllm"], "epochs": 3, "seed": 1}),
     "replies8_noise_frozen_e3": ("1 greedy + 8 sampled replies per prompt, feature noise 0.1, the target's head and "
                                  "final norm frozen, 3 epochs (2x today's steps)",
                                  {"datasets": GREEDY_AND_8, "feature_noise": 0.1, "init_head_from_target": True,
