@@ -190,7 +190,7 @@ VARIANTS = {
     "wide": ("intermediate 3072", {"intermediate_size": 3072}),
     "replies8_noise_e3": ("1 greedy + 8 sampled replies per prompt, feature noise 0.1, 3 epochs (2x today's steps)",
                           {"datasets": GREEDY_AND_8, "feature_noise": 0.1, "epochs": 3}),
-    "levers": ("+ every lever measured to help alone on dq: feature noise 0.1, RMSNorm before fc, lr 3e-3 "
+    "levers": ("+ every lever measured to help alone: feature noise 0.1, RMSNorm before fc, lr 3e-3 "
                "with 20 warmup steps (vLLM only)",
                {"feature_noise": 0.1, "norm_before_fc": True, "engines": ["vllm"], "lr": 3e-3, "warmup_steps": 20}),
     "noise_norm_fc": ("+ feature noise 0.1 and RMSNorm before fc (vLLM only)",
@@ -616,10 +616,20 @@ def plot_curves(root: Path, names: list[str], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for r in rows:
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    palette = plt.get_cmap("tab20").colors
+    for i, r in enumerate(rows):
         xs = [c["epoch"] / r["recipe"]["epochs"] for c in r["curve"]]
-        ax.plot(xs, [c["acceptance_length"] for c in r["curve"]], marker="o", markersize=3, label=r["name"])
+        # today's recipe in black, combinations bold, single levers thin: the eye finds the
+        # baseline and the winners first among a dozen lines.
+        if r["name"] == "today":
+            style = dict(color="black", linewidth=2.2)
+        elif r["name"].startswith("replies8") or r["name"] in ("levers", "noise_norm_fc"):
+            style = dict(color=palette[i % len(palette)], linewidth=2.0)
+        else:
+            style = dict(color=palette[i % len(palette)], linewidth=1.0, alpha=0.8)
+        ax.plot(xs, [c["acceptance_length"] for c in r["curve"]], marker="o", markersize=3,
+                label=r["name"], **style)
     ref = [r for r in result_rows(root, ["reference"]) if r["name"].startswith("reference")]
     for r in ref:
         ax.axhline(r["eval"]["trained"]["acceptance_length"], color="gray", linestyle=":", label=r["name"])
@@ -627,7 +637,7 @@ def plot_curves(root: Path, names: list[str], path: Path) -> Path | None:
     ax.set_xlabel("share of the row's training run")
     ax.set_ylabel("acceptance length (k=3, held-out)")
     ax.set_title("Acceptance over training, replay evaluator")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
