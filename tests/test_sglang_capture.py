@@ -293,8 +293,15 @@ def test_two_ranks_run_every_forward_and_rank_zero_writes_what_local_extraction_
     report = json.loads((out / "extraction-report.json").read_text())
     assert report["extracted"] == 6 and report["batches"] == 2
 
+    # Bit equality is the claim, so both sides run with the ranks' one thread: a matmul's reduction
+    # order (and so its last bits) follows the thread count, which differs from machine to machine.
     local = tmp_path / "local"
-    extract_corpus(corpus, local, LocalExtractor(model_dir), batch_tokens=96, shard_bytes=300_000)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        extract_corpus(corpus, local, LocalExtractor(model_dir), batch_tokens=96, shard_bytes=300_000)
+    finally:
+        torch.set_num_threads(threads)
     a, b = ShardReader(out), ShardReader(local)
     assert sorted(a.sample_ids()) == sorted(b.sample_ids())
     for sid in a.sample_ids():
