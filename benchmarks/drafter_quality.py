@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import re
 import resource
 import shutil
@@ -43,226 +41,22 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PROMPTS = REPO.parent / "shared" / "data" / "drafter_quality_prompts.jsonl"
-DEFAULT_ROOT = REPO / "data" / "bench" / "drafter_quality"
-
-# Data variants: one dataset (partition) each, all from the same prompt file. Generation settings
-# are raw_responses' run config; sample ids hash them, so each variant's replies are its own.
-MAX_NEW_TOKENS = 128  # the issue's data: 260 greedy replies of at most 128 tokens, ~33k tokens
-DATA = {
-    "dq": {"temperature": 0.0, "samples_per_prompt": 1},  # the target's greedy reply
-    "dq_t07x2": {"temperature": 0.7, "top_p": 0.95, "seed": 1, "samples_per_prompt": 2},  # 2 sampled replies
-    "dq_t07x6": {"temperature": 0.7, "top_p": 0.95, "seed": 2, "samples_per_prompt": 6},  # 6 more (8 with the above)
-    "dq_t1x2": {"temperature": 1.0, "top_p": 1.0, "seed": 3, "samples_per_prompt": 2},  # 2 at T 1 (temperature)
-}
-
-
-def setup_env(root: Path) -> None:
-    """Point the project at the benchmark's own data root, instance and recipes (before any
-    definitions import); the converted model is shared with the checkout's data root."""
-    root.mkdir(parents=True, exist_ok=True)
-    os.environ["EAGLE3_HOME"] = str(root)
-    os.environ["DAGSTER_HOME"] = str(root / "dagster")
-    os.environ["EAGLE3_RECIPES"] = str(root / "recipes")
-    os.environ.setdefault("EAGLE3_MODEL_CACHE", str(REPO / "data" / "models"))
-    for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
-        os.environ.setdefault(k, v)
-    (root / "recipes").mkdir(exist_ok=True)
-
-
-def uptime() -> str:
-    """The 1, 5 and 15 minute load averages, recorded with every figure."""
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def make_data(root: Path, prompts: Path, names: list[str], *, backend: str, max_samples: int = 0) -> dict:
-    """Each data variant through the project's stages; what is on disk already is kept. Replies
-    come from the embedded target (``local``) or from a vLLM server started here (``vllm``: about
-    10x faster on CPU, and a seed per sample)."""
-    import contextlib
-
-    import dagster as dg
-
-    from eagle3_assets.paths import DataLayout, ensure_dagster_home
-
-    layout = DataLayout.from_env()
-    ensure_dagster_home(layout)
-    from eagle3_assets.definitions import ALL_ASSETS, ALL_CHECKS, DATA_ASSETS, default_resources
-    from eagle3_assets.launch import materialize_selection
-    from eagle3_assets.partitions import datasets_partitions
-    from eagle3_assets.target.embedded import ensure_default_model
-    from eagle3_assets.target.vllm_server import VLLMServer
-    from resources import VLLMResource
-
-    instance = dg.DagsterInstance.get()
-    known = set(instance.get_dynamic_partitions(datasets_partitions.name))
-    instance.add_dynamic_partitions(datasets_partitions.name, [n for n in names if n not in known])
-    todo = [n for n in names if not (layout.hidden_states_dir(n) / "manifest.json").exists()]
-    server = contextlib.nullcontext()
-    if todo and backend == "vllm":
-        server = VLLMServer(ensure_default_model(layout.models_dir), role="generate", max_model_len=2048,
-                            env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})  # both cores compute
-    report, seconds, complete = {}, {}, []
-    with server:  # phase 1: every variant's replies and corpus while the server is up
-        resources = default_resources()
-        if backend == "vllm" and todo:
-            resources["vllm"] = VLLMResource(base_urls=[server.api_url], endpoint="completions")
-        for name in names:
-            layout.prompts_dir.mkdir(parents=True, exist_ok=True)
-            dst = layout.prompt_source(name)
-            if not dst.exists():
-                shutil.copyfile(prompts, dst)
-            t0 = time.perf_counter()
-            if name in todo:
-                gen = {"backend": backend, "max_new_tokens": MAX_NEW_TOKENS, "batch_size": 16, "concurrency": 32,
-                       "max_samples": max_samples, **DATA[name]}
-                result = dg.materialize([*ALL_ASSETS, *ALL_CHECKS], selection=[a.key for a in DATA_ASSETS],
-                                        partition_key=name, instance=instance, resources=resources, raise_on_error=False,
-                                        run_config={"ops": {"raw_responses": {"config": gen}}})
-                if not result.success:
-                    raise SystemExit(f"{name}: the dataset pipeline failed (run {result.run_id})")
-                planned = sum(1 for _ in open(dst, encoding="utf-8") if _.strip()) * DATA[name]["samples_per_prompt"]
-                have = sum(v["samples"] for v in corpus_figures(layout, name).values())
-                if have < planned:
-                    print(f"data {name}: {have}/{planned} samples so far; run again to continue", flush=True)
-                    continue
-            seconds[name] = time.perf_counter() - t0
-            complete.append(name)
-    # phase 2: hidden states once the server is stopped and its memory back
-    for name in complete:
-        t0 = time.perf_counter()
-        if name in todo:
-            result = materialize_selection(instance, ["hidden_states"], name, {"ops": {"hidden_states": {"config": {}}}})
-            if not result.success:
-                raise SystemExit(f"{name}: hidden_states failed (run {result.run_id})")
-        seconds[name] += time.perf_counter() - t0
-        report[name] = {**corpus_figures(layout, name), "seconds": round(seconds[name], 1)}
-        print(f"data {name}: {json.dumps(report[name])} load {uptime()}", flush=True)
-    return report
-
-
-def corpus_figures(layout, name: str) -> dict:
-    import polars as pl
-
-    c = pl.read_parquet(layout.corpus(name), columns=["prompt_id", "split", "input_ids", "prompt_len"])
-    resp = c.with_columns((pl.col("input_ids").list.len() - pl.col("prompt_len")).alias("resp"))
-    out = {}
-    for split in ("train", "eval"):
-        s = resp.filter(pl.col("split") == split)
-        out[split] = {"samples": s.height, "prompts": s["prompt_id"].n_unique(), "response_tokens": int(s["resp"].sum()),
-                      "tokens": int(s["input_ids"].list.len().sum())}
-    return out
-
-
-# ----------------------------------------------------------------------------- rows (training recipes)
-
-# Today's recipe with the reference trainer's knobs matched where this trainer has them (draft
-# vocab 8192, 3 TTT steps at equal weight, intermediate 1536, 13 epochs at lr 1e-3), evaluated on
-# every held-out prompt: whole replies (up to MAX_NEW_TOKENS generated tokens), k=3 chain, greedy.
-BASE = {
-    "datasets": {"dq": 1.0}, "draft_vocab_size": 8192, "intermediate_size": 1536,
-    "ttt_steps": 3, "step_loss_decay": 1.0, "feature_noise": 0.0, "lr": 1e-3, "epochs": 13, "batch_size": 8, "max_length": 2048,
-    "warmup_steps": 0, "schedule": "cosine", "checkpoint_every": 1000,
-    "acceptance_floor": 1.0, "eval_samples": 1000, "eval_max_new_tokens": MAX_NEW_TOKENS, "speculative_k": 3,
-}
-# row -> (what it changes, overrides of BASE). Rows on more data keep today's number of steps
-# unless they say otherwise, so a row's gain is the lever's and not more compute.
-GREEDY_AND_8 = {"dq": 1.0, "dq_t07x2": 1.0, "dq_t07x6": 1.0}  # 1 greedy + 8 sampled replies per prompt
-VARIANTS = {
-    "today": ("today's trainer, matched recipe", {}),
-    "replies": ("+ 2 sampled replies per prompt (T 0.7, top-p 0.95) next to the greedy one, same steps",
-                {"datasets": {"dq": 1.0, "dq_t07x2": 1.0}, "epochs": 4.33}),
-    "replies8": ("+ 8 sampled replies per prompt next to the greedy one, same steps",
-                 {"datasets": GREEDY_AND_8, "epochs": 1.44}),
-    "head": ("+ draft head and final norm start as the target's", {"init_head_from_target": True}),
-    "head_frozen": ("+ draft head and final norm are the target's, frozen",
-                    {"init_head_from_target": True, "freeze_head": True}),
-    "noise": ("+ feature noise, uniform +-0.1 x token RMS", {"feature_noise": 0.1}),
-    "noise03": ("+ feature noise, uniform +-0.3 x token RMS", {"feature_noise": 0.3}),
-    "lk": ("loss: LK blend of KL and TV", {"loss": "lk"}),
-    "tv": ("loss: total variation", {"loss": "tv"}),
-    "norm_fc": ("+ RMSNorm before fc (vLLM only)", {"norm_before_fc": True, "engines": ["vllm"]}),
-    "ttt5": ("5 TTT steps", {"ttt_steps": 5}),
-    "muon": ("optimizer: Muon on the matrices", {"optimizer": "muon"}),
-    "lr": ("lr 3e-3, 20 warmup steps", {"lr": 3e-3, "warmup_steps": 20}),
-    "epochs26": ("26 epochs (twice the steps)", {"epochs": 26}),
-    "wide": ("intermediate 3072", {"intermediate_size": 3072}),
-    "replies8_noise_e3": ("1 greedy + 8 sampled replies per prompt, feature noise 0.1, 3 epochs (2x today's steps)",
-                          {"datasets": GREEDY_AND_8, "feature_noise": 0.1, "epochs": 3}),
-    "levers": ("+ every lever measured to help alone: feature noise 0.1, RMSNorm before fc, lr 3e-3 "
-               "with 20 warmup steps (vLLM only)",
-               {"feature_noise": 0.1, "norm_before_fc": True, "engines": ["vllm"], "lr": 3e-3, "warmup_steps": 20}),
-    "noise_norm_fc": ("+ feature noise 0.1 and RMSNorm before fc (vLLM only)",
-                      {"feature_noise": 0.1, "norm_before_fc": True, "engines": ["vllm"]}),
-    "replies8_noise_norm_fc_e3": ("1 greedy + 8 sampled replies per prompt, feature noise 0.1, RMSNorm before fc, "
-                                  "3 epochs (2x today's steps; vLLM only)",
-                                  {"datasets": GREEDY_AND_8, "feature_noise": 0.1, "norm_before_fc": True,
-                                   "engines": ["vllm"], "epochs": 3}),
-    "replies8_noise_norm_fc_e3_seed1": ("replies8_noise_norm_fc_e3 with seed 1 (initialisation, batch order, noise draws)",
-                                        {"datasets": GREEDY_AND_8, "feature_noise": 0.1, "norm_before_fc": True,
-                                         "engines": ["vllm"], "epochs": 3, "seed": 1}),
-    "replies8_noise_frozen_e3": ("1 greedy + 8 sampled replies per prompt, feature noise 0.1, the target's head and "
-                                 "final norm frozen, 3 epochs (2x today's steps)",
-                                 {"datasets": GREEDY_AND_8, "feature_noise": 0.1, "init_head_from_target": True,
-                                  "freeze_head": True, "epochs": 3}),
-}
-
-
-def row_name(name: str, scale: float) -> str:
-    """The row's recipe (partition) and result name: a screening run carries its scale."""
-    return name if scale == 1.0 else f"{name}_s{scale:g}"
-
-
-def recipe_table(name: str, scale: float = 1.0) -> dict:
-    """The row's recipe; ``scale`` < 1 shortens it (a screening run: epochs and warmup scaled)."""
-    table = {**BASE, **VARIANTS[name][1], "description": VARIANTS[name][0]}
-    if scale != 1.0:
-        table["epochs"] = round(table["epochs"] * scale, 4)
-        table["warmup_steps"] = int(table["warmup_steps"] * scale)
-        table["description"] += f" (screening: {scale:g}x the epochs)"
-    return table
-
-
-def write_recipe(root: Path, name: str, scale: float = 1.0, out_name: str | None = None, curve: bool = False) -> Path:
-    """The row's recipe as a TOML file under the benchmark's recipes folder; ``curve`` keeps
-    about ``CURVE_POINTS`` checkpoints for :func:`checkpoint_curve`."""
-    table = recipe_table(name, scale)
-    if curve:
-        table.update(curve_schedule(table))
-    lines = [f"{k} = {toml_value(v)}" for k, v in table.items() if k != "datasets"]
-    lines.append("[datasets]")
-    lines += [f"{d} = {float(w)}" for d, w in table["datasets"].items()]
-    path = root / "recipes" / f"{out_name or row_name(name, scale)}.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    return repr(v)
-
-
-def greedy_reference(root: Path, layout, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """Plain greedy decoding of the held-out prompts by the HF target, computed once for all rows."""
-    path = root / "results" / f"greedy-{max_new_tokens}.json"
-    if path.exists():
-        cached = json.loads(path.read_text())
-        if cached["prompts"] == prompts:
-            return cached["outputs"]
-    from eagle3_assets.drafter.vllm_acceptance import _greedy, _stop_ids
-    from eagle3_assets.target.embedded import ensure_default_model
-
-    model_dir = ensure_default_model(layout.models_dir)
-    outputs = _greedy(model_dir, prompts, max_new_tokens, _stop_ids(model_dir, False))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"prompts": prompts, "outputs": outputs}))
-    return outputs
+import reference_row
+from quality_data import make_data
+from quality_eval import checkpoint_curve, replay_row, vllm_row
+from quality_recipes import (
+    DATA,
+    DEFAULT_PROMPTS,
+    DEFAULT_ROOT,
+    REPO,
+    VARIANTS,
+    line,
+    recipe_table,
+    row_name,
+    setup_env,
+    uptime,
+    write_recipe,
+)
 
 
 def train_row(name: str, threads: int) -> dict:
@@ -287,61 +81,6 @@ def train_row(name: str, threads: int) -> dict:
     return {"train": trained, "eval": ev, "row_wall_s": wall, "checks": checks,
             "trainer_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
             "row_process_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-
-
-def replay_items(root: Path, layout, prompts: list[list[int]], max_new_tokens: int, layer_ids: list[int]):
-    """The target's part of the replay evaluator for the held-out prompts (one prefill each over
-    prompt + greedy reply, 8 greedy tokens past it), computed once for all rows."""
-    import torch
-
-    path = root / "results" / f"replay-{max_new_tokens}.pt"
-    if path.exists():
-        cached = torch.load(path, weights_only=False)
-        if cached["prompts"] == prompts and cached["layer_ids"] == layer_ids:
-            return cached["items"]
-    from eagle3_assets.drafter.replay_acceptance import replay_inputs
-    from eagle3_assets.target.embedded import ensure_default_model
-    from eagle3_assets.target.loading import load_causal_lm
-
-    greedy = greedy_reference(root, layout, prompts, max_new_tokens)
-    target = load_causal_lm(ensure_default_model(layout.models_dir))
-    items = replay_inputs(target, prompts, greedy, layer_ids, lookahead=REPLAY_LOOKAHEAD)
-    torch.save({"prompts": prompts, "layer_ids": layer_ids, "items": items}, path)
-    return items
-
-
-REPLAY_LOOKAHEAD = 8  # greedy tokens past each reply: enough for any k <= 8
-
-
-def replay_row(root: Path, name: str) -> dict:
-    """The replay evaluator (``drafter/replay_acceptance.py``: exact, seconds) on the row's export
-    and on an untrained drafter of the same shape (the floor every row is read against)."""
-    import time as _t
-
-    from eagle3_assets.drafter.evaluate import eval_prompts, load_export
-    from eagle3_assets.drafter.recipes import load_recipe
-    from eagle3_assets.drafter.replay_acceptance import replay_acceptance
-    from eagle3_assets.drafter.spec_decode import untrained_baseline
-    from eagle3_assets.drafter.target_weights import read_target_embeddings
-    from eagle3_assets.drafter.vllm_acceptance import _stop_ids
-    from eagle3_assets.paths import DataLayout
-    from eagle3_assets.target.embedded import ensure_default_model
-
-    layout = DataLayout.from_env()
-    recipe = load_recipe(name)
-    ev = recipe.evaluation
-    model_dir = ensure_default_model(layout.models_dir)
-    drafter = load_export(layout.drafter_dir(name), read_target_embeddings(model_dir)).float().eval()
-    prompts = eval_prompts(layout, recipe.datasets, ev.eval_samples)
-    items = replay_items(root, layout, prompts, ev.eval_max_new_tokens, drafter.config.aux_layer_ids)
-    out = {}
-    for which, model in (("trained", drafter), ("untrained", untrained_baseline(drafter, seed=recipe.training.seed + 1))):
-        t0 = _t.perf_counter()
-        rep = replay_acceptance(model, items, k=ev.speculative_k, max_new_tokens=ev.eval_max_new_tokens,
-                                stop_ids=_stop_ids(model_dir, False))
-        out[which] = {**rep.as_metadata(), "seconds": round(_t.perf_counter() - t0, 1)}
-    return {**out, "prompts": len(prompts), "k": ev.speculative_k, "max_new_tokens": ev.eval_max_new_tokens,
-            "greedy_mismatches": sum(i.greedy_mismatches for i in items), "evaluator": "replay"}
 
 
 def fit_row(root: Path, name: str, threads: int, piece_steps: int) -> dict:
@@ -378,83 +117,6 @@ def fit_row(root: Path, name: str, threads: int, piece_steps: int) -> dict:
         return {"partial": True, "steps": trained["steps"], "total_steps": trained["total_steps"], "piece_s": wall}
     return {"train": trained, "row_wall_s": time.perf_counter() - t0, "trainer_peak_rss_mib": rss,
             "eval": replay_row(root, name), "curve": checkpoint_curve(root, name)}
-
-
-CURVE_POINTS = 10  # checkpoints per row scored by the replay evaluator (acceptance over training)
-
-
-def curve_schedule(table: dict) -> dict:
-    """``checkpoint_every`` and ``keep_checkpoints`` for about ``CURVE_POINTS`` scored checkpoints
-    over the row's run (neither changes the trained weights)."""
-    from eagle3_assets.paths import DataLayout
-
-    layout = DataLayout.from_env()
-    samples = sum(w * corpus_figures(layout, d)["train"]["samples"] for d, w in table["datasets"].items())
-    total = math.ceil(table["epochs"] * math.ceil(samples / table["batch_size"]))
-    return {"checkpoint_every": max(1, total // CURVE_POINTS), "keep_checkpoints": CURVE_POINTS + 2}
-
-
-def checkpoint_curve(root: Path, name: str) -> list[dict]:
-    """Acceptance length by the replay evaluator at every kept checkpoint of the row (its fp32
-    weights; the last point is the end of training, which the exported bf16 drafter rounds)."""
-    from eagle3_assets.drafter.evaluate import eval_prompts
-    from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
-    from eagle3_assets.drafter.recipes import load_recipe
-    from eagle3_assets.drafter.replay_acceptance import replay_acceptance
-    from eagle3_assets.drafter.target_weights import read_target_embeddings
-    from eagle3_assets.drafter.training.checkpoints import checkpoints_dir, load_checkpoint
-    from eagle3_assets.drafter.vllm_acceptance import _stop_ids
-    from eagle3_assets.paths import DataLayout
-    from eagle3_assets.target.embedded import ensure_default_model
-
-    layout = DataLayout.from_env()
-    recipe = load_recipe(name)
-    ev = recipe.evaluation
-    out = layout.drafter_dir(name)
-    per_epoch = json.loads((out / "result.json").read_text())["batches_per_epoch"]
-    model_dir = ensure_default_model(layout.models_dir)
-    embeddings, stops = read_target_embeddings(model_dir), _stop_ids(model_dir, False)
-    prompts = eval_prompts(layout, recipe.datasets, ev.eval_samples)
-    curve = []
-    for path in sorted(checkpoints_dir(out).glob("step-*.pt")):
-        state = load_checkpoint(path)
-        drafter = Eagle3Drafter(DrafterConfig.from_dict(state["drafter_config"])).set_embeddings(embeddings)
-        drafter.load_state_dict(state["model"], strict=False)
-        items = replay_items(root, layout, prompts, ev.eval_max_new_tokens, drafter.config.aux_layer_ids)
-        rep = replay_acceptance(drafter.float().eval(), items, k=ev.speculative_k,
-                                max_new_tokens=ev.eval_max_new_tokens, stop_ids=stops)
-        curve.append({"step": state["step"], "epoch": round(state["epoch"] + state["batch_in_epoch"] / per_epoch, 2),
-                      "acceptance_length": round(rep.acceptance_length, 4),
-                      "train_loss": round(state["metrics"][-1]["loss"], 4)})
-    return curve
-
-
-def vllm_row(root: Path, name: str, ev: dict) -> dict:
-    """The row's vLLM export served next to the target by a real vLLM server; its counters'
-    acceptance on the same held-out prompts, decoded as long as the project's evaluator did."""
-    from eagle3_assets.drafter.evaluate import eval_prompts
-    from eagle3_assets.drafter.recipes import load_recipe
-    from eagle3_assets.drafter.vllm_acceptance import measure_acceptance
-    from eagle3_assets.paths import DataLayout
-    from eagle3_assets.target.embedded import ensure_default_model
-    from eagle3_assets.target.vllm_server import VLLMServer, vllm_available
-
-    if not vllm_available():
-        return {"skipped": "no .venv-vllm (make vllm)"}
-    layout = DataLayout.from_env()
-    recipe = load_recipe(name)
-    export = layout.drafter_dir(name) / "vllm"
-    if not (export / "config.json").exists():
-        return {"skipped": "the recipe writes no vLLM export"}
-    prompts = eval_prompts(layout, recipe.datasets, recipe.evaluation.eval_samples)
-    greedy = greedy_reference(root, layout, prompts, ev["max_new_tokens"])
-    t0 = time.perf_counter()
-    with VLLMServer(ensure_default_model(layout.models_dir), role="speculate", drafter_dir=export,
-                    num_speculative_tokens=ev["k"]) as server:
-        ready = time.perf_counter() - t0
-        eng = measure_acceptance(server.api_url, prompts, k=ev["k"], max_new_tokens=ev["max_new_tokens"],
-                                 greedy_reference=greedy)
-    return {**eng.as_metadata(), "server_start_s": round(ready, 1), "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def run_row(root: Path, name: str, *, threads: int, vllm: bool, force: bool, scale: float = 1.0,
@@ -511,16 +173,6 @@ def run_final(root: Path, name: str, *, threads: int) -> dict:
     return row
 
 
-def line(row: dict) -> str:
-    t, v, tr = row["eval"]["trained"], row["vllm"], row["train"]
-    vl = f"{v['acceptance_length']:.3f}" if "acceptance_length" in v else "-"
-    return (f"AL {t['acceptance_length']:.3f} (vLLM {vl}), per position "
-            f"{' '.join(f'{x:.2f}' for x in t['per_position_rate'])}, {tr['tokens_per_s']:.0f} tok/s, "
-            f"train {tr['wall_s']:.0f}s, row {row['row_wall_s']:.0f}s, trainer peak RSS {row['trainer_peak_rss_mib']:.0f} MiB"
-            + ("; over training (epoch: AL) " + ", ".join(f"{c['epoch']:g}: {c['acceptance_length']:.3f}" for c in row["curve"])
-               if row.get("curve") else ""))
-
-
 def speed_once(root: Path, mode: str, steps: int, threads: int) -> dict:
     """(In a fresh process.) The BASE recipe's first ``steps`` optimizer steps on ``dq``, packed
     (the trainer) or padded (the yardstick: every padded position computed, teacher included)."""
@@ -567,9 +219,8 @@ def speed(root: Path, steps: int, threads: int) -> None:
 
 def reference_status(python: str) -> str | None:
     """Why the reference trainer (speculators 0.9.0) cannot run beside the rows, or None."""
-    from reference_row import status
 
-    return status(python)
+    return reference_row.status(python)
 
 
 def result_rows(root: Path, names: list[str]) -> list[dict]:
@@ -582,9 +233,7 @@ def result_rows(root: Path, names: list[str]) -> list[dict]:
         rows += [r for stem, r in found.items()
                  if stem == name or stem == f"{name}_asset" or re.fullmatch(rf"{re.escape(name)}_s[0-9.]+", stem)]
     if not names or "reference" in names:  # speculators 0.9.0 on the same data (reference_row.py)
-        from reference_row import table_rows
-
-        rows += table_rows(root)
+        rows += reference_row.table_rows(root)
     return rows
 
 
@@ -646,9 +295,8 @@ def plot_curves(root: Path, names: list[str], path: Path) -> Path | None:
 
 def run_reference(args) -> None:
     """speculators 0.9.0 beside the rows (``reference_row.py``), or one line saying why not."""
-    from reference_row import run
 
-    run(args.root.resolve(), args.reference_python, threads=args.threads, vllm=not args.no_vllm, force=args.force,
+    reference_row.run(args.root.resolve(), args.reference_python, threads=args.threads, vllm=not args.no_vllm, force=args.force,
         epochs=args.reference_epochs, limit=args.reference_limit)
 
 

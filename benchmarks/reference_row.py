@@ -31,6 +31,9 @@ import sys
 import time
 from pathlib import Path
 
+from quality_eval import replay_row, vllm_row
+from quality_recipes import BASE, line, setup_env, toml_value, uptime
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 NAME = "reference_speculators"
@@ -58,8 +61,6 @@ def status(python: Path | str = DEFAULT_PYTHON) -> str | None:
 
 def result_name(epochs: int, limit: int | None) -> str:
     """The cached row's name: the full run's, or a smoke run's (fewer epochs or rows)."""
-    from drafter_quality import BASE
-
     name = NAME if epochs == BASE["epochs"] else f"{NAME}_e{epochs}"
     return f"{name}_n{limit}" if limit else name
 
@@ -67,8 +68,6 @@ def result_name(epochs: int, limit: int | None) -> str:
 def write_recipe(root: Path, name: str, epochs: int, limit: int | None) -> dict:
     """The BASE recipe under the reference row's name: the evaluators read its dataset, held-out
     prompts and decoding settings (k, reply length) from it, as they do for every row."""
-    from drafter_quality import BASE, toml_value
-
     table = {**BASE, "epochs": epochs,
              "description": DESCRIPTION + (f" (short run: {epochs} epochs" + (f", {limit} rows" if limit else "") + ")"
                                            if name != NAME else "")}
@@ -117,8 +116,6 @@ def run(root: Path, python: Path | str = DEFAULT_PYTHON, *, threads: int = 2, vl
         epochs: int | None = None, limit: int | None = None) -> dict | None:
     """Train, convert, score and cache the reference row; None (and one line saying why) when
     speculators cannot run here."""
-    from drafter_quality import BASE, uptime, vllm_row
-
     epochs = int(epochs or BASE["epochs"])
     name = result_name(epochs, limit)
     path = root / "results" / f"{name}.json"
@@ -169,8 +166,6 @@ def run(root: Path, python: Path | str = DEFAULT_PYTHON, *, threads: int = 2, vl
     row.update(row_wall_s=time.perf_counter() - t0, load_after=uptime(), finished_at=time.strftime("%Y-%m-%d %H:%M:%S"))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(row, indent=2))
-    from drafter_quality import line
-
     print(f"reference {name}: {line(row)}", flush=True)
     return row
 
@@ -187,7 +182,6 @@ def _eval_entry(replay: dict) -> dict:
 def evaluate(root: Path, name: str, checkpoint: Path, run_dir: Path) -> dict:
     """(In a fresh process.) Step 3: the SGLang-layout export, the check against speculators'
     own drafts, speculators' checkpoint as the vLLM export, the replay evaluator."""
-    from drafter_quality import replay_row
     from reference_convert import draft_agreement, to_project
 
     from eagle3_assets.drafter.evaluate import load_export
@@ -229,8 +223,6 @@ def main(argv=None) -> int:
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--root", type=Path, required=True)
     args = ap.parse_args(argv)
-    from drafter_quality import setup_env
-
     setup_env(args.root.resolve())
     print(json.dumps(evaluate(args.root.resolve(), args.name, args.checkpoint, args.run_dir)))
     return 0

@@ -93,8 +93,8 @@ def test_stop_token_kept_in_text_is_not_counted_twice(kimi):
 
 def test_sglang_text_options_are_sent_and_shape_the_text(kimi):
     from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
-    from eagle3_assets.testing.loopback.apps import SGLangApp
     from eagle3_assets.testing.loopback.generators import ModelGenerator, Output
+    from eagle3_assets.testing.loopback.sglang_app import SGLangApp
     from resources import SGLangResource
 
     req = SampleRequest(sample_id="s1", dataset="d", prompt_id="p", sample_index=0,

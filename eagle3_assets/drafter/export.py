@@ -26,55 +26,23 @@ frozen ``embed_tokens.weight`` included, as speculators checkpoints carry it.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from eagle3_assets.drafter.export_files import DTYPES, export_weights, rebuild_drafter, write_dir_atomic
+from eagle3_assets.drafter.export_mla import check_mla_export, export_mla, is_mla_export, load_mla
 from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3_assets.drafter.rope import export_rope_problems, rope_fields
 
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
 SPECULATORS_VERSION = "0.4.0"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SGLANG_REQUIRED = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
 UNSUPPORTED_VLLM_FLAGS = ("norm_before_residual", "fc_norm", "norm_output")  # speculators options this drafter lacks
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _is_mla(config: dict) -> bool:
-    from eagle3_assets.drafter.export_mla import is_mla_export
-
-    return is_mla_export(config)
-
-
-def _write_dir_atomic(out_dir: Path, files: dict[str, object]) -> Path:
-    """Write every file into a temporary sibling, then swap it into place, so a reader never
-    sees a half-written export. ``files`` maps names to a JSON-able dict or a tensor dict."""
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        for name, payload in files.items():
-            if name.endswith(".json"):
-                (tmp / name).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-            else:
-                save_file({k: v.contiguous() for k, v in payload.items()}, str(tmp / name), metadata={"format": "pt"})
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        if out_dir.exists():
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
 
 
 def _llama_fields(cfg: DrafterConfig) -> dict:
@@ -98,20 +66,6 @@ def _llama_fields(cfg: DrafterConfig) -> dict:
     }
 
 
-def _weights(model: Eagle3Drafter, dtype: torch.dtype, rename=lambda k: k, embeddings: bool = False) -> dict:
-    out = {}
-    for k, v in model.state_dict().items():
-        if k.startswith("embed_tokens.") and not embeddings:
-            continue
-        v = v.detach().cpu()
-        if k not in ("d2t", "t2d"):
-            v = v.to(dtype)
-        out[rename(k)] = v
-    out["d2t"] = out["d2t"].to(torch.int64)
-    out["t2d"] = out["t2d"].to(torch.bool)
-    return out
-
-
 def _config_from_llama(llama: dict, draft_vocab_size: int, target_hidden_size: int, aux_ids: list[int],
                        norm_before_fc: bool = False) -> DrafterConfig:
     return DrafterConfig(
@@ -124,16 +78,6 @@ def _config_from_llama(llama: dict, draft_vocab_size: int, target_hidden_size: i
         aux_layer_ids=list(aux_ids), rope_scaling=llama.get("rope_scaling"),
         hidden_act=llama.get("hidden_act", "silu"), norm_before_fc=norm_before_fc,
     )
-
-
-def _rebuild(cfg: DrafterConfig, weights: dict, embeddings: torch.Tensor) -> Eagle3Drafter:
-    model = Eagle3Drafter(cfg)
-    state = {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
-    state["embed_tokens.weight"] = embeddings.float()
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"export does not match the drafter: missing {missing}, unexpected {unexpected}")
-    return model.eval()
 
 
 # ----------------------------------------------------------------------------- SGLang
@@ -157,16 +101,14 @@ def export_sglang(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16
     """``config.json`` + ``model.safetensors`` in SGLang's ``LlamaForCausalLMEagle3`` layout (an MLA
     drafter: its DeepSeek EAGLE-3 layout, ``drafter/export_mla.py``)."""
     if model.config.attention == "mla":
-        from eagle3_assets.drafter.export_mla import export_mla
-
         return export_mla(model, out_dir, dtype=dtype, engine="sglang")
     if model.config.norm_before_fc:
         raise ValueError("SGLang cannot serve a drafter with norm_before_fc (see drafter/layouts.py); export it for vLLM")
-    weights = _weights(model, DTYPES[dtype])
+    weights = export_weights(model, DTYPES[dtype])
     missing = [k for k in SGLANG_REQUIRED if k not in weights]
     if missing or any(k.startswith("embed_tokens") for k in weights):
         raise ValueError(f"SGLang export would be wrong: missing {missing} or carries the embedding")
-    return _write_dir_atomic(out_dir, {"config.json": sglang_config(model.config, dtype), "model.safetensors": weights})
+    return write_dir_atomic(out_dir, {"config.json": sglang_config(model.config, dtype), "model.safetensors": weights})
 
 
 def load_sglang(export_dir: Path, embeddings: torch.Tensor) -> Eagle3Drafter:
@@ -175,15 +117,13 @@ def load_sglang(export_dir: Path, embeddings: torch.Tensor) -> Eagle3Drafter:
 
     export_dir = Path(export_dir)
     c = json.loads((export_dir / "config.json").read_text())
-    if _is_mla(c):
-        from eagle3_assets.drafter.export_mla import load_mla
-
+    if is_mla_export(c):
         return load_mla(export_dir, embeddings, engine="sglang")
     if c.get("architectures") != [SGLANG_ARCH] or c.get("num_hidden_layers") != 1:
         raise ValueError(f"{export_dir}: not a one-layer {SGLANG_ARCH} export")
     cfg = _config_from_llama(c, c["draft_vocab_size"], c.get("target_hidden_size") or c["hidden_size"],
                              c["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
-    return _rebuild(cfg, load_file(str(export_dir / "model.safetensors")), embeddings)
+    return rebuild_drafter(cfg, load_file(str(export_dir / "model.safetensors")), embeddings)
 
 
 # ----------------------------------------------------------------------------- vLLM / speculators
@@ -236,15 +176,13 @@ def export_vllm(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16",
     """A speculators-format EAGLE-3 checkpoint for vLLM (an MLA drafter: vLLM's
     ``Eagle3DeepseekV2ForCausalLM`` layout, ``drafter/export_mla.py``)."""
     if model.config.attention == "mla":
-        from eagle3_assets.drafter.export_mla import export_mla
-
         return export_mla(model, out_dir, dtype=dtype, engine="vllm")
     if verifier and not verifier_architectures and (Path(verifier) / "config.json").exists():
         verifier_architectures = json.loads((Path(verifier) / "config.json").read_text()).get("architectures")
     cfg = vllm_config(model.config, dtype=dtype, verifier=verifier,
                       verifier_architectures=list(verifier_architectures or []), speculative_tokens=speculative_tokens)
-    weights = _weights(model, DTYPES[dtype], rename=_to_speculators_name, embeddings=True)
-    return _write_dir_atomic(out_dir, {"config.json": cfg, "model.safetensors": weights})
+    weights = export_weights(model, DTYPES[dtype], rename=_to_speculators_name, embeddings=True)
+    return write_dir_atomic(out_dir, {"config.json": cfg, "model.safetensors": weights})
 
 
 def load_vllm(export_dir: Path, embeddings: torch.Tensor | None = None) -> Eagle3Drafter:
@@ -253,9 +191,7 @@ def load_vllm(export_dir: Path, embeddings: torch.Tensor | None = None) -> Eagle
 
     export_dir = Path(export_dir)
     c = json.loads((export_dir / "config.json").read_text())
-    if _is_mla(c):
-        from eagle3_assets.drafter.export_mla import load_mla
-
+    if is_mla_export(c):
         return load_mla(export_dir, embeddings, engine="vllm")
     if c.get("speculators_model_type") != "eagle3":
         raise ValueError(f"{export_dir}: not a speculators eagle3 checkpoint")
@@ -272,7 +208,7 @@ def load_vllm(export_dir: Path, embeddings: torch.Tensor | None = None) -> Eagle
         if emb is None:
             raise ValueError(f"{export_dir}: no embed_tokens.weight; pass the target's embeddings")
         embeddings = emb
-    return _rebuild(cfg, weights, embeddings)
+    return rebuild_drafter(cfg, weights, embeddings)
 
 
 SGLANG_CONFIG_KEYS = ("architectures", "draft_vocab_size", "vocab_size", "hidden_size", "max_position_embeddings",
@@ -288,9 +224,7 @@ def check_sglang_export(export_dir: Path) -> list[str]:
     if not cfg_path.exists() or not weights_path.exists():
         return [f"{export_dir}: config.json or model.safetensors is missing"]
     cfg = json.loads(cfg_path.read_text())
-    if _is_mla(cfg):
-        from eagle3_assets.drafter.export_mla import check_mla_export
-
+    if is_mla_export(cfg):
         return check_mla_export(export_dir, "sglang")
     problems = [f"config.json lacks {k!r}" for k in SGLANG_CONFIG_KEYS if k not in cfg]
     if cfg.get("architectures") != ["LlamaForCausalLMEagle3"]:
@@ -350,9 +284,7 @@ def check_vllm_export(export_dir: Path) -> list[str]:
     if not cfg_path.exists() or not weights_path.exists():
         return [f"{export_dir}: config.json or model.safetensors is missing"]
     cfg = json.loads(cfg_path.read_text())
-    if _is_mla(cfg):
-        from eagle3_assets.drafter.export_mla import check_mla_export
-
+    if is_mla_export(cfg):
         return check_mla_export(export_dir, "vllm")
     problems = []
     if cfg.get("speculators_model_type") != "eagle3":

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eagle3_assets.drafter.export import DTYPES, _rebuild, _weights, _write_dir_atomic
+from eagle3_assets.drafter.export_files import DTYPES, export_weights, rebuild_drafter, write_dir_atomic
 from eagle3_assets.drafter.mla import MLA_KEYS, mla_shape
 from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3_assets.drafter.rope import drafter_rope_scaling
@@ -75,8 +75,8 @@ def mla_config(cfg: DrafterConfig, *, dtype: str, engine: str) -> dict:
 def export_mla(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16", engine: str) -> Path:
     if model.config.attention != "mla":
         raise ValueError("export_mla needs a drafter with attention 'mla'")
-    weights = _weights(model, DTYPES[dtype], embeddings=engine == "vllm")
-    return _write_dir_atomic(out_dir, {"config.json": mla_config(model.config, dtype=dtype, engine=engine),
+    weights = export_weights(model, DTYPES[dtype], embeddings=engine == "vllm")
+    return write_dir_atomic(out_dir, {"config.json": mla_config(model.config, dtype=dtype, engine=engine),
                                        "model.safetensors": weights})
 
 
@@ -105,7 +105,7 @@ def load_mla(export_dir: Path, embeddings, *, engine: str) -> Eagle3Drafter:
         if own is None:
             raise ValueError(f"{export_dir}: no embed_tokens.weight; pass the target's embeddings")
         embeddings = own
-    return _rebuild(config_from_export(c, engine), weights, embeddings)
+    return rebuild_drafter(config_from_export(c, engine), weights, embeddings)
 
 
 def check_mla_export(export_dir: Path, engine: str) -> list[str]:

@@ -25,6 +25,7 @@ import math
 import torch
 from torch import nn
 
+from eagle3_assets.drafter.norm import RMSNorm
 from eagle3_assets.drafter.rope import drafter_rope_scaling, rope_frequencies
 
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -85,8 +86,6 @@ class MLAAttention(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        from eagle3_assets.drafter.model import RMSNorm
-
         m, h = cfg.mla, cfg.hidden_size
         self.n_heads = cfg.num_attention_heads
         self.nope, self.rope, self.v_dim = m["qk_nope_head_dim"], m["qk_rope_head_dim"], m["v_head_dim"]

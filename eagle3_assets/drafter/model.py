@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eagle3_assets.drafter.attention import ATTENTION, attention_class
+from eagle3_assets.drafter.attention import ATTENTION, attention_class, target_shape
+from eagle3_assets.drafter.norm import RMSNorm
 from eagle3_assets.drafter.rope import drafter_rope_scaling, rope_frequencies
 
 # ----------------------------------------------------------------------------- config
@@ -86,7 +87,6 @@ class DrafterConfig:
         scaling) is the target's; for an MLA target (DeepSeek-V3 / Kimi) whose ``head_dim`` means
         the rope width, the drafter's Llama heads are ``v_head_dim`` wide; ``attention="mla"``
         gives the drafter the target's own MLA shape instead."""
-        from eagle3_assets.drafter.mla import mla_shape
         from eagle3_assets.hidden_states.layers import resolve_layer_ids
 
         text = target.get("text_config") or target
@@ -116,7 +116,7 @@ class DrafterConfig:
             rope_scaling=scaling,
             hidden_act=text.get("hidden_act", "silu"),
             attention=attention,
-            mla=mla_shape(text) if attention == "mla" else None,
+            mla=target_shape(attention, text),
             norm_before_fc=norm_before_fc,
         )
 
@@ -130,18 +130,6 @@ class DrafterConfig:
 
 
 # ----------------------------------------------------------------------------- building blocks
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
 
 
 class Rotary(nn.Module):

@@ -40,15 +40,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_assets.tokens.tool_calls import tool_call_reply
+from eagle3_assets.tokens.tool_calls import KimiFormat, template_renders_tools, tool_call_reply
+from eagle3_assets.tokens.vocab import SpecialTokenError, lookup_token_id, optional_token_id
 
 THINK_START = "<think>"
 THINK_END = "</think>"
 _SANE_MAX = 10_000_000  # tokenizers report 1e30 for "no limit"
-
-
-class SpecialTokenError(ValueError):
-    pass
 
 
 class ContextLengthError(ValueError):
@@ -92,8 +89,8 @@ class TargetTokenizer:
                                     "configure end_of_turn explicitly")
         return cls(tok, eot, lookup_token_id(tok, eot), str(path), thinking=thinking,
                    context_length=_context_length(Path(config_dir or path), tok),
-                   think_start_id=_optional_token_id(tok, THINK_START),
-                   think_end_id=_optional_token_id(tok, THINK_END))
+                   think_start_id=optional_token_id(tok, THINK_START),
+                   think_end_id=optional_token_id(tok, THINK_END))
 
     @property
     def name(self) -> str:
@@ -126,8 +123,6 @@ class TargetTokenizer:
 
     def parse_tool_calls(self, output_ids: list[int]) -> list[dict] | None:
         """The calls a reply's ids make, in OpenAI's shape, when the target's format is known (Kimi)."""
-        from eagle3_assets.tokens.tool_calls import KimiFormat
-
         fmt = KimiFormat.of(self)
         return fmt.split(self, list(output_ids))[1] if fmt is not None else None
 
@@ -135,8 +130,6 @@ class TargetTokenizer:
     def supports_tools(self) -> bool:
         """Whether the chat template renders tool declarations at all (SmolLM2's does not)."""
         if "_supports_tools" not in self.__dict__:
-            from eagle3_assets.tokens.tool_calls import template_renders_tools
-
             self.__dict__["_supports_tools"] = template_renders_tools(self.tokenizer, self.template_kwargs())
         return self.__dict__["_supports_tools"]
 
@@ -248,13 +241,6 @@ def template_turn_end(tokenizer, template_kwargs: dict | None = None) -> tuple[s
     return tokenizer.convert_ids_to_tokens(ids[0]), int(ids[0])
 
 
-def _optional_token_id(tokenizer, token: str) -> int | None:
-    try:
-        return lookup_token_id(tokenizer, token)
-    except SpecialTokenError:
-        return None
-
-
 def _context_length(path: Path, tokenizer) -> int | None:
     cfg = path / "config.json"
     if cfg.is_file():
@@ -268,14 +254,6 @@ def _context_length(path: Path, tokenizer) -> int | None:
                 return n
     n = getattr(tokenizer, "model_max_length", None)
     return int(n) if isinstance(n, int) and 0 < n < _SANE_MAX else None
-
-
-def lookup_token_id(tokenizer, token: str) -> int:
-    """The id of ``token`` as one vocabulary entry; never the unknown-token fallback."""
-    tid = tokenizer.convert_tokens_to_ids(token)
-    if tid is None or tokenizer.convert_ids_to_tokens(tid) != token:
-        raise SpecialTokenError(f"{token!r} is not a single token of this tokenizer")
-    return int(tid)
 
 
 def token_agreement(reference: list[int], candidate: list[int]) -> tuple[int, int]:

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 from eagle3_assets.generation.tool_calls import reply_calls
+from eagle3_assets.tokens.vocab import SpecialTokenError, lookup_token_id
 
 KIMI_MARKERS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
                 "<|tool_call_argument_begin|>", "<|tool_call_end|>")
@@ -54,8 +55,6 @@ class KimiFormat:
     def of(cls, tok) -> KimiFormat | None:
         """The format of a :class:`TargetTokenizer` that has Kimi's markers (looked up once), else None."""
         if "_kimi_format" not in tok.__dict__:
-            from eagle3_assets.tokens.tokenizer import SpecialTokenError, lookup_token_id
-
             try:
                 found = cls(*(lookup_token_id(tok.tokenizer, m) for m in KIMI_MARKERS))
             except SpecialTokenError:

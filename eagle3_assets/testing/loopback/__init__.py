@@ -41,9 +41,11 @@ import asyncio
 import threading
 from dataclasses import dataclass
 
-from .apps import LoopbackApp, OpenRouterApp, SGLangApp, messages_key
+from .apps import LoopbackApp, messages_key
 from .faults import FAULTS, FaultPlan
 from .generators import ModelGenerator, SyntheticGenerator
+from .openrouter_app import OpenRouterApp
+from .sglang_app import SGLangApp
 
 __all__ = [
     "FAULTS", "FaultPlan", "LoopbackApp", "ModelGenerator", "OpenRouterApp", "SGLangApp",

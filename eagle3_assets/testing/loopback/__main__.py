@@ -46,9 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_app(args):
-    from .apps import OpenRouterApp, SGLangApp
     from .faults import FaultPlan
     from .generators import ModelGenerator, SyntheticGenerator
+    from .openrouter_app import OpenRouterApp
+    from .sglang_app import SGLangApp
 
     if args.synthetic:
         kind, _, rest = args.lengths.partition(":")

@@ -16,15 +16,9 @@ import hashlib
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
-
-@dataclass
-class Output:
-    output_ids: list[int]  # the stop token included when generation stopped on one
-    finish_reason: str  # "stop" or "length"
-    text: str
-    prompt_tokens: int
+from .outputs import Output
+from .tool_replies import ToolCaller
 
 
 class ModelGenerator:
@@ -48,8 +42,6 @@ class ModelGenerator:
     def tool_reply(self, prompt_ids: list[int], output_ids: list[int]):
         """The tool-call reply a tool-using target writes here, or None (see ``tool_replies``)."""
         if "_caller" not in self.__dict__:
-            from .tool_replies import ToolCaller
-
             self._caller = ToolCaller(self.model.target_tokenizer)
         return self._caller.reply(prompt_ids, output_ids)
 

@@ -19,6 +19,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from .outputs import Output
+
 DECLARE = "<|im_system|>tool_declare<|im_middle|>"
 TS_FUNCTION = re.compile(r"^type (\S+) = \(_: \{(.*?)^\}\) => any;", re.M | re.S)
 TS_FUNCTION_EMPTY = re.compile(r"^type (\S+) = \(_: \{\}\) => any;", re.M)
@@ -38,8 +40,6 @@ class ToolReply:
 
 def with_tool_calls(gen, prompt_ids: list[int], out):
     """``(out, None)``, or the generator's output turned into a tool-call reply and that reply."""
-    from .generators import Output
-
     make = getattr(gen, "tool_reply", None)
     reply = make(prompt_ids, out.output_ids) if make is not None else None
     if reply is None:

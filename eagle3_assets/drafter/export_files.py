@@ -1,0 +1,66 @@
+"""The file-level pieces every drafter export shares (Llama and MLA layouts alike): the dtypes an
+export may be written in, the weights as written, the atomic directory write, and rebuilding the
+drafter from weights read back. ``export.py`` and ``export_mla.py`` both build on these, so neither
+imports the other's internals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def write_dir_atomic(out_dir: Path, files: dict[str, object]) -> Path:
+    """Write every file into a temporary sibling, then swap it into place, so a reader never
+    sees a half-written export. ``files`` maps names to a JSON-able dict or a tensor dict."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        for name, payload in files.items():
+            if name.endswith(".json"):
+                (tmp / name).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+            else:
+                save_file({k: v.contiguous() for k, v in payload.items()}, str(tmp / name), metadata={"format": "pt"})
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        if out_dir.exists():
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def export_weights(model: Eagle3Drafter, dtype: torch.dtype, rename=lambda k: k, embeddings: bool = False) -> dict:
+    out = {}
+    for k, v in model.state_dict().items():
+        if k.startswith("embed_tokens.") and not embeddings:
+            continue
+        v = v.detach().cpu()
+        if k not in ("d2t", "t2d"):
+            v = v.to(dtype)
+        out[rename(k)] = v
+    out["d2t"] = out["d2t"].to(torch.int64)
+    out["t2d"] = out["t2d"].to(torch.bool)
+    return out
+
+
+def rebuild_drafter(cfg: DrafterConfig, weights: dict, embeddings: torch.Tensor) -> Eagle3Drafter:
+    model = Eagle3Drafter(cfg)
+    state = {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
+    state["embed_tokens.weight"] = embeddings.float()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"export does not match the drafter: missing {missing}, unexpected {unexpected}")
+    return model.eval()

@@ -1,0 +1,148 @@
+"""The code's shape: no import cycle between project modules, no module over 400 lines.
+
+Imports are read with ast (no module is imported), function-local ones included, relative ones
+resolved, so a cycle hidden inside a function still counts.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("eagle3_assets", "resources", "sensors", "benchmarks")
+MAX_LINES = 400
+
+
+def project_modules(root: Path = ROOT) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of the project's packages."""
+    modules: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join(parts)] = path
+    return modules
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules that MODULE imports anywhere in its file."""
+    found: set[str] = set()
+
+    def add(name: str) -> None:
+        # `import a.b.c` and `from a.b import c` name the deepest project module they reach.
+        # Benchmarks are scripts run from their folder: `from reference_row import x` there is
+        # benchmarks.reference_row.
+        if module.startswith("benchmarks.") and f"benchmarks.{name.partition('.')[0]}" in modules:
+            name = f"benchmarks.{name}"
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            found.add(name)
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, is_package, node)
+            for alias in node.names:
+                submodule = f"{target}.{alias.name}"
+                add(submodule if submodule in modules else target)
+    return found
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected component of more than one module (Tarjan), as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = 0
+
+    def visit(node: str) -> None:
+        nonlocal counter
+        index[node] = low[node] = counter
+        counter += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    modules = project_modules(root)
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def _without_package_inits(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """A package's __init__ re-exporting its submodules is not a cycle with them: drop the edges
+    from a submodule up to its own ancestor packages (Python imports those first anyway)."""
+    return {
+        name: {t for t in targets if not name.startswith(t + ".")} for name, targets in graph.items()
+    }
+
+
+def test_no_import_cycles_between_project_modules():
+    cycles = find_cycles(_without_package_inits(import_graph()))
+    assert not cycles, "import cycles between project modules: " + "; ".join(
+        " <-> ".join(cycle) for cycle in cycles
+    )
+
+
+def test_no_module_over_400_lines():
+    too_long = {
+        name: n
+        for name, path in project_modules().items()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not too_long, f"modules over {MAX_LINES} lines: " + ", ".join(
+        f"{name} ({n} lines)" for name, n in sorted(too_long.items())
+    )
+
+
+def test_the_cycle_check_names_an_injected_cycle(tmp_path):
+    """The checker itself: a two-module circle through a function-local relative import is found."""
+    package = tmp_path / "eagle3_assets" / "stage"
+    package.mkdir(parents=True)
+    (tmp_path / "eagle3_assets" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("from .a import f\n")
+    (package / "a.py").write_text("from eagle3_assets.stage.b import g\n\ndef f():\n    return g\n")
+    (package / "b.py").write_text("def g():\n    from . import a\n    return a\n")
+    for other in PACKAGES[1:]:
+        (tmp_path / other).mkdir()
+    cycles = find_cycles(_without_package_inits(import_graph(tmp_path)))
+    assert cycles == [["eagle3_assets.stage.a", "eagle3_assets.stage.b"]]
