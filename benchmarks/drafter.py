@@ -36,6 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+from results import record  # noqa: E402
 
 from eagle3_assets.drafter.recipes import load_recipe  # noqa: E402
 from eagle3_assets.drafter.training.config import ExportSettings, RuntimeSettings, TrainJob  # noqa: E402
@@ -242,12 +243,18 @@ def main() -> None:
     k, n_new = ev.speculative_k, ev.eval_max_new_tokens
     greedy = [greedy_generate(target.model, p, max_new_tokens=n_new, stop_ids=target.stop_ids) for p in held_out]
     print(f"acceptance on {len(held_out)} held-out prompts (k={k}, max_new_tokens={n_new}) after {args.steps} steps:")
+    figures = {"tokens_1x": tokens * args.base_copies, "steps": args.steps, "threads": args.threads,
+               "runs": {f"{mode} {copies}x": {k2: v for k2, v in r.items() if isinstance(v, (int, float))}
+                        for (copies, mode), r in runs.items()}, "acceptance": {}}
     for name, d in (("trained", drafter), ("untrained", untrained_baseline(drafter, seed=recipe.training.seed))):
         rep = evaluate_acceptance(target.model, d, held_out, k=k, max_new_tokens=n_new, stop_ids=target.stop_ids,
                                   greedy_reference=greedy)
         pos = " ".join(f"{r:.2f}" for r in rep.per_position_rate)
         print(f"{name:>10}: acceptance length {rep.acceptance_length:.3f} (w/o bonus {rep.acceptance_length_no_bonus:.3f}), "
               f"per position {pos}, equals greedy: {rep.matches_greedy}")
+        figures["acceptance"][name] = {"acceptance_length": rep.acceptance_length,
+                                       "per_position_rate": list(rep.per_position_rate), "matches_greedy": rep.matches_greedy}
+    record("drafter", figures)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ from quality_recipes import (
     uptime,
     write_recipe,
 )
+from results import record
 
 
 def train_row(name: str, threads: int) -> dict:
@@ -212,6 +213,8 @@ def speed(root: Path, steps: int, threads: int) -> None:
               f"peak RSS {runs[mode]['peak_rss_mib']:.0f} MiB), load {uptime()}", flush=True)
     a, b = runs["padded"], runs["packed"]
     diff = max(abs(x - y) / max(abs(x), 1e-9) for x, y in zip(a["losses"], b["losses"]))
+    record("drafter_quality_speed", {"steps": steps, "threads": threads, "runs": runs, "max_relative_loss_difference": diff,
+                                     "packed_over_padded": b["tokens_per_s"] / a["tokens_per_s"]})
     print(f"packed / padded tokens/s = {b['tokens_per_s'] / a['tokens_per_s']:.2f}; largest relative loss difference "
           f"over the {steps} steps {diff:.2e} (first loss {a['losses'][0]:.4f} vs {b['losses'][0]:.4f}, "
           f"last {a['losses'][-1]:.4f} vs {b['losses'][-1]:.4f})")
@@ -252,6 +255,15 @@ def table(root: Path, names: list[str]) -> str:
                    f"{tr['tokens_per_s']:.0f} | {tr['wall_s']:.0f} | {r['row_wall_s']:.0f} | "
                    f"{r['trainer_peak_rss_mib']:.0f} | {r['load_before']} |")
     return "\n".join(out)
+
+
+def table_figures(r: dict) -> dict:
+    """One ablation row's figures as the table prints them (the docs' table is checked against these)."""
+    t, u, v, tr = r["eval"]["trained"], r["eval"].get("untrained") or {}, r["vllm"], r["train"]
+    return {"AL project": t["acceptance_length"], "AL vLLM": v.get("acceptance_length"),
+            "untrained AL": u.get("acceptance_length"), "train tok/s": tr["tokens_per_s"], "train s": tr["wall_s"],
+            "row s": r["row_wall_s"], "trainer peak RSS MiB": r["trainer_peak_rss_mib"], "load (1/5/15 min)": r["load_before"],
+            "finished_at": r.get("finished_at")}
 
 
 def plot_curves(root: Path, names: list[str], path: Path) -> Path | None:
@@ -345,6 +357,7 @@ def main(argv=None) -> int:
         run_reference(args)
     elif args.command == "table":
         print(table(args.root, args.names))
+        record("drafter_quality", {r["name"]: table_figures(r) for r in result_rows(args.root, args.names)})
         png = plot_curves(args.root, args.names, args.root / "results" / "acceptance_over_training.png")
         if png:
             print(f"acceptance over training: {png}")

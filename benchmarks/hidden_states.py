@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import polars as pl  # noqa: E402
 import torch  # noqa: E402
+from results import record  # noqa: E402
 
 from eagle3_assets.hidden_states.extract import extract_corpus, plan_batches, verify_shards  # noqa: E402
 from eagle3_assets.hidden_states.extractors import LocalExtractor, forward_only  # noqa: E402
@@ -99,6 +100,7 @@ def main() -> None:
         timed = Interleaved(ex)
         shard_bytes = args.shard_mib << 20
         ratios = []
+        figures = {"sequences": len(rows), "tokens": tokens, "threads": torch.get_num_threads(), "rounds": []}
         for r in range(args.rounds):
             timed.bare = 0.0
             out = work / f"bf16-{r}"
@@ -108,10 +110,12 @@ def main() -> None:
             wall = time.perf_counter() - t0
             tb, tf = tokens / timed.bare, tokens / (wall - timed.bare)
             ratios.append(tf / tb)
+            figures["rounds"].append({"bare_tokens_per_s": tb, "extract_tokens_per_s": tf, "ratio": tf / tb})
             print(f"round {r}: bare forward {tb:8.1f} tokens/s, extract + shards {tf:8.1f} tokens/s, ratio {tf / tb:.3f}")
             if r < args.rounds - 1:
                 shutil.rmtree(out)
         print(f"ratio extract/bare  {statistics.median(ratios):.3f} median of {len(ratios)} rounds (target >= 0.90)")
+        figures["median_ratio"] = statistics.median(ratios)
 
         # Whole runs back to back, best of rounds (more exposed to load changes).
         bare, full = [], []
@@ -128,12 +132,14 @@ def main() -> None:
         if not bare:
             bare, full = [float("nan")], [float("nan")]
         tb, tf = tokens / min(bare), tokens / min(full)
+        figures["whole_runs"] = {"bare_tokens_per_s": tb, "extract_tokens_per_s": tf, "ratio": tf / tb}
         print(f"whole runs: bare {tb:.1f} tokens/s, extract + shards {tf:.1f} tokens/s, ratio {tf / tb:.3f} "
               f"(bare {', '.join(f'{x:.2f}s' for x in bare)}; extract {', '.join(f'{x:.2f}s' for x in full)})")
 
         t0 = time.perf_counter()
         extract_corpus(corpus, work / "fp8", ex, dtype="fp8", shard_bytes=shard_bytes, batch_tokens=args.batch_tokens)
-        print(f"extract fp8         {tokens / (time.perf_counter() - t0):9.1f} tokens/s   (one round)")
+        figures["fp8_extract_tokens_per_s"] = tokens / (time.perf_counter() - t0)
+        print(f"extract fp8         {figures['fp8_extract_tokens_per_s']:9.1f} tokens/s   (one round)")
 
         h = ex.hidden_size
         threads = torch.get_num_threads()
@@ -159,8 +165,13 @@ def main() -> None:
             t0 = time.perf_counter()
             v = verify_shards(d, corpus)
             print(f"{dtype}: verify_shards ok={v.ok} in {time.perf_counter() - t0:.2f}s")
+            figures[dtype] = {"bytes_per_token": m["bytes"] / tokens, "payload_bytes_per_token": m["payload_bytes"] / tokens,
+                              "dir_over_payload": dir_bytes / m["payload_bytes"], "shards": len(m["shards"]),
+                              "reader_batches_tokens_per_s": seen / dt, "reader_by_id_tokens_per_s": tokens / dr,
+                              "verify_ok": v.ok}
         torch.set_num_threads(threads)
         print(f"load average at end: {os.getloadavg()[0]:.2f}")
+        record("hidden_states", figures)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import httpx
+from results import record
 
 try:
     import psutil  # only for the server process's CPU time
@@ -215,6 +216,7 @@ def main(args) -> None:
                   f"a full gate at {r['latency']:.2f}s mean latency needs {r['gate'] / r['latency']:.0f} req/s, "
                   f"the client did {r['req_s']:.0f} req/s over the whole run")
         print(f"load average {os.getloadavg()[0]:.2f} after the run (other processes share these CPUs)")
+        record("http_generation", {"variants": by})
     finally:
         proc.terminate()
         try:

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import httpx
+from results import record
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -243,6 +244,7 @@ def run_job(args, root: Path, figures: dict, load) -> None:
         print(f"engine alone, no kill: {alone['rows']} rows in {alone['wall_s']} s; delivered -> on disk "
               f"{alone['window_ms']} ms; client loop late {alone['client']} ms; load {alone['load']:.1f}", flush=True)
         if args.alone_only:
+            record("kill_replay_alone", figures)
             return
         ledger_start = len(stats(url)["ledger_entries"])
         for k in range(args.kills):
@@ -313,9 +315,10 @@ def run_job(args, root: Path, figures: dict, load) -> None:
                   f"ms before the kill (median {cuts[0]}, p90 {cuts[1]})")
         print(f"bought twice: {figures['bought_twice']} prompts (${figures['bought_twice_usd']:.6f} for all their "
               f"generations), of them lost at a kill: {figures['lost_then_bought_again']}")
+        for f in figures["kills"]:
+            f.pop("lost_keys", None)
+        record("kill_replay", figures)
         if args.json:
-            for f in figures["kills"]:
-                f.pop("lost_keys")
             Path(args.json).write_text(json.dumps(figures, indent=1, default=str))
 
 

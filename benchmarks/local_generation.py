@@ -14,6 +14,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from results import record  # noqa: E402
+
 from eagle3_assets.generation.budget import TokenBudget  # noqa: E402
 from eagle3_assets.generation.local import generate_local  # noqa: E402
 from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
@@ -49,9 +51,12 @@ def main() -> None:
     bare(16)  # warm-up
     print(f"{len(ids)} prompts, max_new_tokens={n}, torch threads={__import__('torch').get_num_threads()}")
     print(f"{'batch':>6} {'bare tok/s':>11} {'pipeline tok/s':>15} {'ratio':>6}")
+    rows = {}
     for batch in (1, 16):
         b, p = bare(batch), pipeline(batch)
         print(f"{batch:>6} {b:>11.1f} {p:>15.1f} {p / b:>6.2f}")
+        rows[f"batch {batch}"] = {"bare_tokens_per_s": b, "pipeline_tokens_per_s": p, "ratio": p / b}
+    record("local_generation", {"prompts": len(ids), "max_new_tokens": n, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results import record
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
@@ -127,7 +129,7 @@ def run(kind: str, path: Path, repeat: int) -> dict:
     return min(results, key=lambda r: r["seconds"])
 
 
-def padded_positions() -> None:
+def padded_positions() -> dict:
     from eagle3_assets.generation.local import length_batches
 
     rng = random.Random(1)
@@ -141,6 +143,7 @@ def padded_positions() -> None:
     print(f"  sorted batches of 16: {len(old)} batches, {cost(old):,} positions computed")
     print(f"  length batches:       {len(now)} batches, {cost(now):,} positions computed "
           f"(ratio {cost(old) / cost(now):.1f}x fewer)")
+    return {"sorted_batches_positions": cost(old), "length_batches_positions": cost(now), "ratio": cost(old) / cost(now)}
 
 
 def main() -> None:
@@ -163,14 +166,19 @@ def main() -> None:
         quarter = Path(tmp) / "quarter.jsonl"
         quarter.write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows(args.rows // 4)))
         rows.append((f"prompts pass, JSONL, {args.rows // 4:,} rows", run("pass", quarter, args.repeat)))
+        table = {}
         for name, r in rows:
             n = args.rows // 4 if name.endswith(" rows") else args.rows
+            table[name] = {"seconds": r["seconds"], "rows_per_s": n / r["seconds"],
+                           "peak_mb_over_start": r["peak_mb"] - r["base_mb"], "time_vs_yardstick": r["seconds"] / yard["seconds"]}
             print(f"{name:34} {r['seconds']:>8.1f} {n / r['seconds']:>8.0f} "
                   f"{r['peak_mb'] - r['base_mb']:>19.0f} {r['seconds'] / yard['seconds']:>17.2f}x")
         last = rows[2][1]
         print(f"pass wrote {last['written']:,} prompts, {last['over_context']} over the context (skipped), "
               f"p95 {last['p95']:,} tokens")
-    padded_positions()
+    padding = padded_positions()
+    record("prompts", {"rows": args.rows, "passes": table, "written": last["written"],
+                       "over_context": last["over_context"], "p95_tokens": last["p95"], "padding": padding})
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from results import record
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -328,13 +329,14 @@ def replay(args, url: str, names: list[str], tmp: Path) -> None:
         users.append(phase_user(args, url, names, tmp / mode.replace(" ", "-"), mode))
         print(f"   {users[-1]['wall_s']:.1f} s", flush=True)
     report(args, alone, users)
+    for ph in (alone, *users):
+        ph["stats"].pop("deliveries", None)
+        ph["stats"].pop("generated", None)
+        ph["stats"].pop("ledger_entries", None)
+    figures = {"args": vars(args), "alone": alone, "launched": users}
+    record("seed_replay", figures)
     if args.json:
-        for ph in (alone, *users):
-            ph["stats"].pop("deliveries", None)
-            ph["stats"].pop("generated", None)
-            ph["stats"].pop("ledger_entries", None)
-        Path(args.json).write_text(json.dumps({"args": vars(args), "alone": alone, "launched": users}, indent=1,
-                                              default=str))
+        Path(args.json).write_text(json.dumps(figures, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("EAGLE3_MODEL_CACHE", str(ROOT / "data" / "models"))
 
 import dagster as dg  # noqa: E402
+from results import record  # noqa: E402
 
 from eagle3_assets.paths import DataLayout  # noqa: E402
 from eagle3_assets.testing.slurm_cluster import local_slurm  # noqa: E402
@@ -104,6 +105,8 @@ def main() -> int:
     slurm = statistics.median(r["wall_s"] for r in rows["slurm"])
     print(f"\nmedian step wall time: in the step {local:.1f} s, as a SLURM job {slurm:.1f} s "
           f"(x{slurm / local:.2f}, +{slurm - local:.1f} s); load after: {os.getloadavg()}")
+    record("slurm_launch", {"runs": rows, "median_local_wall_s": local, "median_slurm_wall_s": slurm,
+                            "slurm_over_local": slurm / local})
     return 0
 
 

@@ -27,6 +27,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from results import record  # noqa: E402
+
 CITIES = "Oslo Lima Rome Quito Bern Graz Lyon Kyiv Pune Cusco".split()
 FUNCTIONS = [
     {"name": "get_weather", "description": "Current weather in a city",
@@ -128,12 +130,15 @@ def main() -> None:
         print(f"prompts pass, {written:,} glaive rows with tools: {written / whole:,.0f} rows/s "
               f"(bare apply_chat_template(tools=...) loop: {written / bare:,.0f} rows/s; ratio {whole / bare:.2f}x)")
         prompts = read_prompt_table(Path(tmp) / "table.parquet")[:args.answers]
+    passes = {"rows": written, "rows_per_s": written / whole, "bare_rows_per_s": written / bare, "ratio": whole / bare}
     model = EmbeddedModel(kimi, tokenizer=tok)
-    for kind, f in reconstruction(tok, model, prompts).items():
+    rebuilt = reconstruction(tok, model, prompts)
+    for kind, f in rebuilt.items():
         agree = "n/a" if f["agreement"] is None else f"{f['agreement']:.4%}"
         exact = "n/a" if f["exact"] is None else f"{f['exact']:.1%}"
         print(f"{kind} replies with native ids: {f['rows']} rows, {f['tokens']:,} tokens: re-rendering agrees on "
               f"{agree} of tokens, {exact} exact; token rows {f['rows_per_s']:,.0f}/s")
+    record("tool_calls", {"prompts_pass": passes, "reconstruction": rebuilt})
 
 
 if __name__ == "__main__":

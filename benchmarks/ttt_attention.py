@@ -13,6 +13,7 @@ import math
 import time
 
 import torch
+from results import record
 
 from eagle3_assets.drafter.model import TTTContext
 
@@ -91,6 +92,10 @@ def main():
     print(f"  scaled_dot_product_attention {t_new * 1000:8.1f} ms, {m_new / 2**20:8.1f} MiB kept for backward")
     print(f"  time ratio (yardstick / fused) {t_ref / t_new:.2f}x, memory ratio {m_ref / max(1, m_new):.1f}x, "
           f"max |diff| {diff:.2e}")
+    record("ttt_attention", {"tokens": args.tokens, "steps": args.steps, "heads": args.heads, "head_dim": args.head_dim,
+                             "threads": args.threads, "explicit_ms": t_ref * 1000, "fused_ms": t_new * 1000,
+                             "explicit_mib": m_ref / 2**20, "fused_mib": m_new / 2**20, "time_ratio": t_ref / t_new,
+                             "memory_ratio": m_ref / max(1, m_new), "max_abs_diff": diff})
 
 
 if __name__ == "__main__":

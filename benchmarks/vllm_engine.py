@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from results import record  # noqa: E402
 
 from eagle3_assets.hidden_states.extract import plan_batches  # noqa: E402
 from eagle3_assets.hidden_states.extractors import LocalExtractor  # noqa: E402
@@ -36,6 +37,9 @@ from eagle3_assets.target.embedded import ensure_default_model  # noqa: E402
 from eagle3_assets.target.vllm_server import VLLMServer, vllm_available  # noqa: E402
 
 LAYER_IDS = [1, 14, 26]
+
+
+FIGURES: dict = {}  # what main() records, filled where each figure is printed
 
 
 def sequences(n: int, length: int, vocab: int) -> list[list[int]]:
@@ -90,6 +94,8 @@ def extraction(model_dir: Path, args) -> None:
     print(f"local extractor (transformers, in-process): {tokens / t_local:8.0f} tokens/s ({t_local:.1f} s)")
     print(f"vLLM server (concurrency {args.concurrency}):          {tokens / t_remote:8.0f} tokens/s ({t_remote:.1f} s)")
     print(f"ratio vLLM / local: {t_local / t_remote:.2f}   files left on the server's storage: {left}")
+    FIGURES["extraction"] = {"tokens": tokens, "local_tokens_per_s": tokens / t_local, "vllm_tokens_per_s": tokens / t_remote,
+                             "files_left": left, "states": {}}
     h = 576
     names = [f"aux layer {i}" for i in LAYER_IDS] + ["final (post-norm)"]
     for j, name in enumerate(names):
@@ -97,6 +103,7 @@ def extraction(model_dir: Path, args) -> None:
             return f.aux[:, j * h:(j + 1) * h] if j < 3 else f.last
 
         c = compare_states(torch.cat([pick(f) for f in got_r]), torch.cat([pick(f) for f in got_l]))
+        FIGURES["extraction"]["states"][name] = c
         print(f"  {name:18s} max |diff| {c['max_abs']:.3e} (values up to {c['scale']:.3e}); "
               f"max per-token relative error {c['max_rel']:.2e}; min cosine {c['min_cos']:.8f}")
 
@@ -108,6 +115,7 @@ def acceptance(model_dir: Path, args) -> None:
         print(f"\n== acceptance of recipe {args.recipe!r}: vLLM vs the project's evaluator (eval.json)")
         r = measure_recipe(args.recipe)
         print(json.dumps({k: v for k, v in r.items() if k != "engine"}, indent=2))
+        FIGURES["acceptance"] = {k: v for k, v in r.items() if k != "engine"}
         return
     from eagle3_assets.drafter.export import load_vllm
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
@@ -128,7 +136,8 @@ def acceptance(model_dir: Path, args) -> None:
                                         greedy_reference=greedy)
     print(f"\n== acceptance of a small drafter trained here: {len(prompts)} held-out prompts, k={args.k}, "
           f"<= {args.max_new_tokens} new tokens")
-    print(json.dumps(compare(project.as_metadata(), engine), indent=2))
+    FIGURES["acceptance"] = compare(project.as_metadata(), engine)
+    print(json.dumps(FIGURES["acceptance"], indent=2))
 
 
 def main() -> int:
@@ -150,6 +159,7 @@ def main() -> int:
         extraction(model_dir, args)
     if args.skip != "acceptance":
         acceptance(model_dir, args)
+    record("vllm_engine", FIGURES)
     return 0
 
 

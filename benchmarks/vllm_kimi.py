@@ -28,11 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from results import record  # noqa: E402
 
 from eagle3_assets.target.kimi_mini import ensure_kimi_mini  # noqa: E402
 from eagle3_assets.target.vllm_server import VLLMServer, vllm_available  # noqa: E402
 
 LAYER_IDS = [1, 2, 3]
+
+
+FIGURES: dict = {}  # what main() records, filled where each figure is printed
 
 
 def demo_questions() -> list[str]:
@@ -79,6 +83,7 @@ def generation(kimi, questions: list[str], args) -> None:
     n_local = sum(map(len, local))
     print(f"\n== generation: {len(questions)} demo prompts, <= {args.max_new_tokens} new tokens, greedy")
     print(f"transformers greedy (this process, one at a time): {n_local / t_local:7.1f} tokens/s ({t_local:.1f} s)")
+    FIGURES["generation"] = {"prompts": len(questions), "transformers_tokens_per_s": n_local / t_local, "vllm": {}}
     for conc, (secs, got) in figures.items():
         out = [o for _, o in got]
         tokens = sum(map(len, out))
@@ -88,6 +93,8 @@ def generation(kimi, questions: list[str], args) -> None:
         print(f"vLLM, {conc} in flight: {tokens / secs:7.1f} tokens/s ({secs:.1f} s; x{t_local / secs * tokens / n_local:.2f} "
               f"of transformers); prompts rendered alike {same_prompt}/{len(prompts)}; replies equal {same}/{len(out)}; "
               f"tokens equal {agree:.4f}")
+        FIGURES["generation"]["vllm"][f"{conc} in flight"] = {
+            "tokens_per_s": tokens / secs, "prompts_rendered_alike": same_prompt, "replies_equal": same, "tokens_equal": agree}
 
 
 def extraction(kimi, questions: list[str], args) -> None:
@@ -114,6 +121,8 @@ def extraction(kimi, questions: list[str], args) -> None:
     print(f"\n== extraction: {len(rows)} sequences, {tokens} tokens (prompt + greedy reply), float32")
     print(f"local extractor: {tokens / t_local:8.0f} tokens/s; vLLM (8 in flight): {tokens / t_remote:8.0f} tokens/s "
           f"(ratio vLLM/local {t_local / t_remote:.2f})")
+    FIGURES["extraction"] = {"tokens": tokens, "local_tokens_per_s": tokens / t_local, "vllm_tokens_per_s": tokens / t_remote,
+                             "states": {}}
     names = [f"aux layer {i}" for i in LAYER_IDS] + ["final (post-norm)"]
     for j, name in enumerate(names):
         def pick(f, j=j):
@@ -121,6 +130,8 @@ def extraction(kimi, questions: list[str], args) -> None:
 
         a, b = torch.cat([pick(f) for f in got]), torch.cat([pick(f) for f in want])
         cos = torch.nn.functional.cosine_similarity(a, b, dim=-1).min().item()
+        FIGURES["extraction"]["states"][name] = {"max_abs": (a - b).abs().max().item(), "scale": b.abs().max().item(),
+                                                 "min_cos": cos}
         print(f"  {name:18s} max |diff| {(a - b).abs().max().item():.3e} (values up to {b.abs().max().item():.3e}); "
               f"min cosine {cos:.8f}")
 
@@ -153,11 +164,15 @@ def drafters(kimi, train_q: list[str], eval_q: list[str], args) -> None:
             print(f"{kind:5s}: acceptance length {rep.acceptance_length:.3f} (per position "
                   f"{[round(x, 3) for x in rep.per_position_rate]}), equals greedy {rep.matches_greedy}; "
                   f"{params / 1e6:.2f}M trainable parameters, trained in {secs:.0f} s")
+            FIGURES.setdefault("drafters", {})[kind] = {
+                "acceptance_length": rep.acceptance_length, "per_position_rate": list(rep.per_position_rate),
+                "matches_greedy": rep.matches_greedy, "trainable_parameters": params, "train_s": secs}
         with VLLMServer(kimi.model_dir, role="speculate", drafter_dir=exports["mla"], num_speculative_tokens=args.k) as s:
             engine = measure_acceptance(s.api_url, prompts, k=args.k, max_new_tokens=args.max_new_tokens,
                                         greedy_reference=greedy)
     print("MLA drafter, vLLM's counters vs the project's evaluator:")
-    print(json.dumps(compare(reports["mla"].as_metadata(), engine), indent=2))
+    FIGURES["mla_vllm_vs_project"] = compare(reports["mla"].as_metadata(), engine)
+    print(json.dumps(FIGURES["mla_vllm_vs_project"], indent=2))
 
 
 def main() -> int:
@@ -186,6 +201,7 @@ def main() -> int:
         extraction(kimi, eval_q, args)
     if "drafters" not in args.skip:
         drafters(kimi, train_q, eval_q, args)
+    record("vllm_kimi", FIGURES)
     return 0
 
 
