@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM := false
 
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint ui validate bench clean vllm
+.PHONY: setup demo test lint ui validate bench clean vllm docs
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ validate: setup
 
 bench: setup
 	$(BIN)/python benchmarks/local_generation.py
+
+# The docs site from docs/ (mkdocs.yml) into build/site; strict: a broken link, a missing anchor or
+# a page left out of the nav fails it. Installs the `docs` extra into the venv when it is missing.
+docs: setup
+	@$(BIN)/python -c "import mkdocs, material" 2>/dev/null || $(BIN)/pip install -q -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -75,3 +75,32 @@ def record(name: str, figures: dict, *, command: list[str] | None = None, note: 
     os.replace(tmp, out)
     print(f"results: {out}", file=sys.stderr)
     return out
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e-2 and value else f"{value:.3f}" if abs(value) < 100 else f"{value:,.1f}"
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
+def doc_table(name: str, key_path: str = "", keys: list[str] | None = None) -> str:
+    """The tagged Markdown table of a result file's figures at ``key_path`` (``figure | value``
+    for a flat object, one row per key otherwise), as ``tests/test_doc_figures.py`` checks it."""
+    path = results_dir() / f"{name}.json"
+    obj = json.loads(path.read_text())["figures"]
+    for key in filter(None, key_path.split(".")):
+        obj = obj[key]
+    rel = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    tag = f"<!-- figures: {rel} {key_path} -->" if key_path else f"<!-- figures: {rel} -->"
+    rows = [k for k in (keys or obj) if k in obj]
+    if all(not isinstance(obj[k], dict) for k in rows):
+        lines = ["| figure | value |", "|---|---|", *(f"| {k} | {_cell(obj[k])} |" for k in rows)]
+    else:
+        columns = [c for c in obj[rows[0]] if not isinstance(obj[rows[0]][c], (dict, list))]
+        lines = ["| row | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1),
+                 *(f"| {k} | " + " | ".join(_cell(obj[k].get(c)) for c in columns) + " |" for k in rows)]
+    return "\n".join([tag, *lines])
+
+
+if __name__ == "__main__":  # python benchmarks/results.py NAME [KEY.PATH] [KEY ...]: print a docs table
+    print(doc_table(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "", sys.argv[3:] or None))

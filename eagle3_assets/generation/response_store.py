@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-# The response row contract (the README's "The graph"); writers fill every key.
+# The response row contract (docs/datasets.md, "The data stages"); writers fill every key.
 RESPONSE_FIELDS = (
     "sample_id", "dataset", "prompt_id", "sample_index", "source", "model", "provider",
     "prompt_ids", "output_ids", "text", "reasoning", "tool_calls", "finish_reason",

@@ -74,7 +74,7 @@ class ReadOptions(BaseModel):
             return cls.model_validate(json.loads(path.read_text(encoding="utf-8")))
         except (ValueError, ValidationError) as e:  # JSONDecodeError is a ValueError
             raise UserInputError(f"{path}: not valid read options ({_first_line(e)}); "
-                                 f"see 'Prompt files as you have them' in the README") from None
+                                 f"see 'Prompt files as you have them' in docs/datasets.md") from None
 
 
 MAP_KEYS = ("id", "messages", "conversations", "user", "system", "tools", "chat")

@@ -123,7 +123,7 @@ class PromptSource:
         if not cols.user and cols.messages not in names and cols.conversations not in names and not glaive:
             raise PromptFileError(
                 f"{self.path}: neither a {cols.messages!r} (OpenAI style) nor a {cols.conversations!r} (ShareGPT) "
-                f"nor a 'chat' (glaive) column; the file has: {shown}. Name the prompt columns with --map (see the README)")
+                f"nor a 'chat' (glaive) column; the file has: {shown}. Name the prompt columns with --map (see docs/datasets.md)")
         used = [cols.id, *named, cols.tools] + ([] if cols.user else [cols.messages, cols.conversations])
         if glaive:
             used += [cols.chat or "chat", cols.system or "system"]

@@ -279,7 +279,7 @@ def first_difference(tok: TargetTokenizer, a: list[int], b: list[int]) -> str:
 
 def build_token_row(row: dict, messages: list[dict] | None, tok: TargetTokenizer, *, tools: list[dict] | None = None,
                     max_length: int | None = None, truncate: bool = False) -> dict:
-    """One token row from one response row (the token_ids contract in the README).
+    """One token row from one response row (the token_ids contract in docs/datasets.md).
 
     A reply that calls tools is rebuilt by the chat template (:mod:`eagle3_assets.tokens.tool_calls`);
     ``tools`` are the prompt's declarations, rendered with it.
