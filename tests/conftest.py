@@ -27,6 +27,12 @@ def _vllm() -> str | None:
     return default_python() if vllm_available() else None
 
 
+def _sglang() -> str | None:
+    from eagle3_assets.target.sglang_server import default_python, sglang_available
+
+    return default_python() if sglang_available() else None
+
+
 def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -71,6 +77,7 @@ class Need:
 # Another kind joins with one line here (and its marker in pyproject.toml).
 NEEDS = {
     "vllm": Need(_vllm, "no vLLM environment (.venv-vllm): run `make vllm`"),
+    "sglang": Need(_sglang, "no SGLang environment (.venv-sglang): run `make sglang`"),
     "browser": Need(_browser, _browser_missing),
     "slurm": Need(_slurm, _slurm_missing),
 }

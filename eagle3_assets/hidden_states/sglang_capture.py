@@ -1,7 +1,8 @@
 """EAGLE-3 features from SGLang's own model code: a ``ModelRunner`` per tensor-parallel rank.
 
-This is the only module that imports ``sglang`` (pinned in the ``sglang`` extra: 0.5.14,
-the version SpecForge's offline capture is written against). Per rank it builds SGLang's
+This is the only module that imports ``sglang`` in-process (the version the project supports is
+``engines.SGLANG_VERSION``; the signatures below were read in 0.5.14, the version SpecForge's offline
+capture is written against, and are not yet run against a real ``ModelRunner``). Per rank it builds SGLang's
 ``ModelRunner`` for the target (radix cache off, chunked prefill off, CUDA graphs off: a
 prefill-only pass over exact ids), asks the model for the aux layers through
 ``set_eagle3_layers_to_capture``, and replaces every ``LogitsProcessor`` with
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-SGLANG_VERSION = "0.5.14"
+from eagle3_assets.target.engines import SGLANG_VERSION  # noqa: F401  (recorded in manifests)
 
 # Server settings a capture cannot work without; a user's server_args may not change them.
 REQUIRED_SERVER_ARGS = {

@@ -27,6 +27,11 @@ from __future__ import annotations
 
 import re
 
+# The one SGLang release the project supports: `make sglang` installs it, a server or a capture refuses
+# any other (the capture calls ModelRunner's internals, which change between releases). The minimum
+# versions below are facts about older releases, kept to explain a refusal.
+SGLANG_VERSION = "0.5.23"
+
 # (engine, what) -> (first version that works, what older versions do)
 REQUIREMENTS = {
     ("vllm", "eagle3"): ((0, 18, 0), "vLLM {version} cannot run EAGLE-3 on a {family} target: up to 0.16 its "

@@ -19,13 +19,10 @@ foreground and prints the URL to give the ``vllm`` resource.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -34,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import eagle3_assets
+from eagle3_assets.target.processes import free_port, log_tail, stop_group
 
 PACKAGE_PARENT = Path(eagle3_assets.__file__).resolve().parents[1]  # on the server's PYTHONPATH for the connector
 CPU_CONNECTOR = "CpuHiddenStatesConnector"
@@ -95,12 +93,6 @@ def ships_code(model_dir: Path | str) -> bool:
         if path.is_file() and "auto_map" in json.loads(path.read_text()):
             return True
     return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def extraction_configs(vllm_layer_ids: Sequence[int], storage_dir: Path | str, *, cpu: bool) -> tuple[dict, dict]:
@@ -237,10 +229,7 @@ class VLLMServer:
         return self
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, lines)
 
     def wait_ready(self, timeout_s: float = 1800.0) -> VLLMServer:
         """Until ``GET /v1/models`` answers 200; the generous default survives a slow, shared machine
@@ -267,18 +256,7 @@ class VLLMServer:
     def stop(self, grace_s: float = 60.0) -> None:
         """SIGTERM to the server's process group (API server, engine core, workers), then SIGKILL."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if proc is not None:  # workers left in the group after the API server exited
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc, grace_s)
         if self._own_workdir and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -1,0 +1,201 @@
+"""Start and stop a real SGLang server for the target, in the project's SGLang environment.
+
+SGLang lives in its own virtual environment (``make sglang`` builds ``.venv-sglang``): its wheel pins a
+CUDA torch and CUDA-only kernel packages. On a machine without a GPU the server runs SGLang's CPU
+engine (``SGLANG_USE_CPU_ENGINE=1``) with what :mod:`eagle3_assets.testing.sglang_cpu` supplies on its
+``PYTHONPATH``; on a GPU box the same class starts it with ``device="cuda"`` and nothing added.
+
+``python -m eagle3_assets.target.sglang_server --model DIR --port 30000`` starts one in the foreground
+and prints the URL to give the ``sglang`` resource.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle3_assets.target.engines import SGLANG_VERSION, EngineVersionError, parse_version
+from eagle3_assets.target.processes import free_port, log_tail, stop_group
+from eagle3_assets.target.vllm_server import PACKAGE_PARENT
+
+
+class SGLangServerError(RuntimeError):
+    """The server did not come up; the message carries the tail of its log."""
+
+
+def default_python() -> str:
+    """The SGLang environment's interpreter: ``$EAGLE3_SGLANG_PYTHON``, else ``.venv-sglang`` in the repo."""
+    return os.environ.get("EAGLE3_SGLANG_PYTHON") or str(PACKAGE_PARENT / ".venv-sglang" / "bin" / "python")
+
+
+def sglang_available(python: str | None = None) -> bool:
+    return Path(python or default_python()).is_file()
+
+
+@functools.lru_cache(maxsize=8)
+def installed_version(python: str) -> str:
+    """The ``sglang`` version in that environment ('' when it has none)."""
+    probe = "import importlib.metadata as m\ntry:\n    print(m.version('sglang'))\nexcept m.PackageNotFoundError:\n    pass"
+    return subprocess.run([python, "-c", probe], capture_output=True, text=True).stdout.strip()
+
+
+def check_supported(python: str) -> str:
+    """The environment's SGLang version, or :class:`EngineVersionError` when it is not the one the
+    project supports (the server's internals the capture and the exports rely on change between releases)."""
+    version = installed_version(python)
+    if not version:
+        raise EngineVersionError(f"no sglang in {python}: run `make sglang` (or set EAGLE3_SGLANG_PYTHON)")
+    if parse_version(version) != parse_version(SGLANG_VERSION):
+        raise EngineVersionError(f"SGLang {version} in {python}; this project supports SGLang {SGLANG_VERSION} "
+                                 "(`make sglang` builds it)")
+    return version
+
+
+@dataclass
+class SGLangServer:
+    """One ``sglang.launch_server`` process. Use as a context manager, or ``start()`` / ``stop()``.
+
+    The defaults are those that start on a 2-core CPU: float32 (greedy output equal to the project's
+    own float32 decoding), torch-native attention, no CUDA graphs, a 4096-token KV pool.
+    """
+
+    model_dir: Path | str
+    python: str = ""
+    port: int = 0  # 0: a free port
+    host: str = "127.0.0.1"
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_total_tokens: int = 4096
+    return_hidden_states: bool = False
+    extra_args: list[str] = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+    workdir: Path | str | None = None  # private caches and the log; default a new temp folder
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _own_workdir: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self):
+        self.python = self.python or default_python()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.workdir) / "server.log"
+
+    def command(self) -> list[str]:
+        cmd = [self.python, "-m", "sglang.launch_server", "--model-path", str(Path(self.model_dir).resolve()),
+               "--host", self.host, "--port", str(self.port), "--device", self.device, "--dtype", self.dtype,
+               "--max-total-tokens", str(self.max_total_tokens), "--skip-server-warmup"]
+        if self.device == "cpu":
+            cmd += ["--attention-backend", "torch_native", "--disable-cuda-graph", "--mem-fraction-static", "0.1"]
+        if self.return_hidden_states:
+            cmd.append("--enable-return-hidden-states")
+        return cmd + list(self.extra_args)
+
+    def environment(self) -> dict:
+        from eagle3_assets.testing.sglang_cpu import server_environment
+
+        work = Path(self.workdir)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}
+        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                    "TMPDIR": str(work / "tmp"), "HF_HOME": str(work / "hf"), "XDG_CACHE_HOME": str(work / "cache"),
+                    "OUTLINES_CACHE_DIR": str(work / "outlines"), "SGLANG_DISABLE_REQUEST_LOGGING": "1"})
+        if self.device == "cpu":
+            env["SGLANG_USE_CPU_ENGINE"] = "1"
+            env = server_environment(env)
+        env.update({k: str(v) for k, v in self.env.items()})
+        return env
+
+    def start(self) -> SGLangServer:
+        if not Path(self.python).is_file():
+            raise SGLangServerError(f"no SGLang environment at {self.python}: run `make sglang` "
+                                    "(or set EAGLE3_SGLANG_PYTHON)")
+        check_supported(self.python)
+        if self.workdir is None:
+            self.workdir = tempfile.mkdtemp(prefix="eagle3-sglang-")
+            self._own_workdir = True
+        for sub in ("tmp", "hf", "cache", "outlines"):
+            (Path(self.workdir) / sub).mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=self.environment(), cwd=str(self.workdir), start_new_session=True)
+        return self
+
+    def log_tail(self, lines: int = 40) -> str:
+        return log_tail(self.log_path, lines)
+
+    def wait_ready(self, timeout_s: float = 1800.0) -> SGLangServer:
+        """Until ``GET /health_generate`` answers 200 (a real one-token generation; about 60-80 s from start
+        on 2 idle cores); the generous default survives a slow, shared machine."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._proc is None or self._proc.poll() is not None:
+                code = None if self._proc is None else self._proc.returncode
+                raise SGLangServerError(f"the SGLang server exited ({code}) before it was ready; "
+                                        f"last lines of {self.log_path}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.base_url + "/health_generate", timeout=60.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SGLangServerError(f"the SGLang server was not ready after {timeout_s:.0f} s; "
+                                        f"last lines of its log:\n{self.log_tail()}")
+            time.sleep(1.0)
+
+    def stop(self, grace_s: float = 60.0) -> None:
+        proc, self._proc = self._proc, None
+        stop_group(proc, grace_s)
+        if self._own_workdir and self.workdir is not None:
+            import shutil
+
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> SGLangServer:
+        self.start()
+        try:
+            return self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Start an SGLang server for the target (foreground).")
+    ap.add_argument("--model", required=True, help="the target's model directory")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--return-hidden-states", action="store_true")
+    args = ap.parse_args(argv)
+    server = SGLangServer(args.model, port=args.port, device=args.device, dtype=args.dtype,
+                          return_hidden_states=args.return_hidden_states)
+    with server:
+        print(f"SGLang {installed_version(server.python)} ready: {server.base_url} (log {server.log_path})", flush=True)
+        try:
+            while server._proc is not None and server._proc.poll() is None:
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

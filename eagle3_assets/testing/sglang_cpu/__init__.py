@@ -1,0 +1,28 @@
+"""What SGLang's own Python needs to run on a CPU without its CUDA kernel library.
+
+SGLang 0.5.23 ships only CUDA builds of its kernels (``sglang-kernel``), and PyPI's torchvision is a
+CUDA build too. ``make sglang`` installs SGLang's Python and the Python half of ``sgl_kernel``; the
+folder :data:`HOOK_DIR` goes first on a server's ``PYTHONPATH`` and replaces exactly two things:
+
+- ``sitecustomize.py`` declares the schemas of torchvision's ``nms`` / ``qnms`` ops (no kernels), so
+  torchvision's pure-Python parts import: SGLang imports them indirectly and never calls them here;
+- ``common_ops.py`` stands for sgl_kernel's compiled library: it registers no op, so SGLang takes
+  its native-torch paths (on a CPU without AMX it logs that and falls back by itself).
+
+Everything else that runs is SGLang's own code.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+HOOK_DIR = Path(__file__).resolve().parent / "hook"
+
+
+def server_environment(base: dict | None = None) -> dict:
+    """``base`` (default: this process's environment) with :data:`HOOK_DIR` first on ``PYTHONPATH``."""
+    env = dict(os.environ if base is None else base)
+    parts = [str(HOOK_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env

@@ -1,0 +1,46 @@
+"""The CPU stand-ins SGLang's CPU engine needs (eagle3_assets/testing/sglang_cpu), each against the
+definition of the kernel it replaces; runs in the project's environment, no SGLang needed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import torch
+
+from eagle3_assets.testing.sglang_cpu import HOOK_DIR, server_environment
+
+
+def _ops():
+    spec = importlib.util.spec_from_file_location("sgl_kernel_cpu_ops", HOOK_DIR / "sgl_kernel_cpu_ops.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_copy_all_layer_kv_cache_moves_rows_in_every_buffer_reading_before_writing():
+    """copy_all_layer_kv_cache_tiled: in each layer's buffer, row tgt[i] := row src[i] (bytes), with
+    overlapping source and target rows (an in-place shift) read before any is written."""
+    _ops()
+    k = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6)
+    v = torch.arange(8 * 3, dtype=torch.bfloat16).reshape(8, 3) * -1
+    src, tgt = torch.tensor([0, 1, 2, 6]), torch.tensor([1, 2, 3, 0])
+    want_k, want_v = k.clone(), v.clone()
+    want_k[tgt], want_v[tgt] = k[src].clone(), v[src].clone()
+    ptrs = torch.tensor([k.data_ptr(), v.data_ptr()], dtype=torch.int64)
+    strides = torch.tensor([k.stride(0) * k.element_size(), v.stride(0) * v.element_size()], dtype=torch.int64)
+    torch.ops.sgl_kernel.copy_all_layer_kv_cache_cpu(ptrs, strides, tgt, src)
+    assert torch.equal(k, want_k) and torch.equal(v, want_v)
+
+
+def test_the_hook_declares_torchvision_schemas_in_a_fresh_interpreter():
+    env = server_environment({k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(HOOK_DIR)
+    probe = ("import torch\nprint(torch._C._dispatch_has_schema('torchvision::nms') if hasattr(torch._C, "
+             "'_dispatch_has_schema') else bool(torch._C._jit_get_schemas_for_operator('torchvision::nms')))\n"
+             "print(hasattr(torch.ops.sgl_kernel, 'copy_all_layer_kv_cache_cpu'))")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True"]

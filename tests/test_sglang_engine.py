@@ -1,0 +1,75 @@
+"""SGLang's own engine, for real (tests marked sglang): a server from ``.venv-sglang`` (``make sglang``)
+running SGLang's CPU engine on the real SmolLM2 target, reached by the project's ``sglang`` backend.
+
+One server for the module (about 60-80 s to start on 2 idle cores); this process keeps one core.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+import httpx
+import polars as pl
+import pytest
+
+from eagle3_assets.generation.response_store import ResponseStore
+from eagle3_assets.target.engines import SGLANG_VERSION, EngineVersionError
+from eagle3_assets.target.sglang_server import SGLangServer, check_supported, installed_version
+from resources import SGLangResource
+from tests.conftest import small_prompts, write_jsonl
+from tests.dagster_helpers import run_dataset, small_run_config
+
+pytestmark = [pytest.mark.sglang, pytest.mark.model]
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def sglang_server(model_dir, one_torch_thread):
+    with SGLangServer(model_dir) as server:
+        yield server
+
+
+def test_the_environment_holds_the_one_supported_version(tmp_path):
+    from eagle3_assets.target.sglang_server import default_python
+
+    assert installed_version(default_python()) == SGLANG_VERSION == check_supported(default_python())
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 0.5.14\n")
+    fake.chmod(0o755)
+    with pytest.raises(EngineVersionError, match=f"SGLang 0.5.14 .* supports SGLang {SGLANG_VERSION}"):
+        check_supported(str(fake))
+
+
+def test_raw_responses_from_a_real_sglang_keep_its_exact_greedy_ids(layout, embedded, sglang_server):
+    """The rows' output ids are the target's own greedy decoding of the prompt ids the project
+    rendered, the stop token kept as SGLang returns it, and completion_tokens counts them. The prompt-
+    prefix repair for an older SGLang (sgl-project/sglang#10896) is off: 0.5.23 needs none."""
+    prompts = {p["id"]: p["messages"] for p in small_prompts(6)}
+    write_jsonl(layout.prompt_source("sgl"), small_prompts(6))
+    resource = SGLangResource(base_urls=[sglang_server.base_url], repair_prefix_bug=False)
+    with dg.instance_for_test() as instance:
+        result = run_dataset(instance, "sgl", resources={"sglang": resource},
+                             selection=["prompts", "raw_responses", "token_ids"],
+                             run_config=small_run_config(MAX_NEW, backend="sglang", concurrency=6))
+        assert result.success
+    rows = ResponseStore(layout.responses_dir("sgl")).rows()
+    assert len(rows) == 6 and {r["source"] for r in rows} == {"sglang"}
+    stops = set(embedded.stop_ids)
+    greedy = embedded.generate([r["prompt_ids"] for r in rows], max_new_tokens=MAX_NEW)
+    for row, want in zip(rows, greedy):
+        assert row["prompt_ids"] == embedded.render_prompt(prompts[row["prompt_id"]])
+        assert row["output_ids"] == want.output_ids, row["prompt_id"]
+        assert row["completion_tokens"] == len(row["output_ids"])
+        assert "prefix_repaired" not in row["flags"] and "completion_tokens_missing" not in row["flags"]
+        if row["finish_reason"] == "stop":
+            assert row["output_ids"][-1] in stops  # the stop token is kept in output_ids
+    assert sum(r["finish_reason"] == "stop" for r in rows) >= 3  # these prompts end in a few tokens
+    tokens = pl.read_parquet(layout.tokens("sgl"))
+    assert tokens.height == 6 and set(tokens["built_from"]) == {"native"}
+
+
+def test_the_server_refuses_hidden_states_it_was_not_started_for(sglang_server):
+    """A capture over HTTP needs --enable-return-hidden-states; SGLang says so instead of ignoring it."""
+    r = httpx.post(sglang_server.base_url + "/generate", timeout=300.0,
+                   json={"input_ids": [1, 504, 3575, 282, 4649, 314], "return_hidden_states": True,
+                         "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+    assert r.status_code == 400 and "enable-return-hidden-states" in r.text.replace("_", "-")
