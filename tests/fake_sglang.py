@@ -12,6 +12,8 @@ from enum import Enum, IntEnum
 import torch
 from torch import nn
 
+from eagle3_assets.target.engines import SGLANG_VERSION
+
 CALLS: list = []
 
 
@@ -178,7 +180,7 @@ class ChunkCache:
 
 
 MODULES = {
-    "sglang": {"__version__": "0.5.14"},
+    "sglang": {"__version__": SGLANG_VERSION},  # the supported version; signatures stay 0.5.14's
     "sglang.srt": {},
     "sglang.srt.configs": {},
     "sglang.srt.configs.model_config": {"ModelConfig": ModelConfig},

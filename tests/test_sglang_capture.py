@@ -208,7 +208,7 @@ def test_capture_sizes_its_pool_and_refuses_what_cannot_fit_before_a_batch(monke
         SGLangCapture("/m", longest_row=30_001, **kw)
 
 
-def test_sglang_too_old_for_a_kimi_k25_target_is_refused(monkeypatch):
+def test_an_sglang_other_than_the_supported_one_is_refused_before_the_capture_loads(monkeypatch):
     from types import SimpleNamespace
 
     from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
@@ -219,7 +219,8 @@ def test_sglang_too_old_for_a_kimi_k25_target_is_refused(monkeypatch):
     k25 = SimpleNamespace(to_dict=lambda: {"model_type": "kimi_k25", "text_config": {"kv_lora_rank": 512}})
     monkeypatch.setattr(fake_sglang.ModelConfig, "hf_config", k25, raising=False)
     monkeypatch.setattr(sys.modules["sglang"], "__version__", "0.5.9")
-    with pytest.raises(EngineVersionError, match=r"SGLang 0.5.9 does not pass .*use SGLang >= 0.5.10"):
+    with pytest.raises(EngineVersionError, match=r"SGLang 0.5.9 in the capture's environment; this project supports "
+                                                 r"SGLang 0\.5\.23"):
         SGLangCapture("/m", layer_ids=[1, 2, 3], tp_rank=0, tp_size=1, gpu_id=0, batch_tokens=64, longest_row=8,
                       max_rows=4)
 

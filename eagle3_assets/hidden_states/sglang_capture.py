@@ -210,7 +210,9 @@ class SGLangCapture:
         from sglang.srt.model_executor.model_runner import ModelRunner
         from sglang.srt.server_args import ServerArgs
 
-        from eagle3_assets.target.engines import check_version
+        from eagle3_assets.target.engines import check_version, require_supported_sglang
+
+        require_supported_sglang(sglang.__version__, "the capture's environment")
 
         args = ServerArgs(**capture_server_args(model_path, tp_size=tp_size, max_tokens=batch_tokens,
                                                 max_rows=max_rows, dtype=dtype, trust_remote_code=trust_remote_code,

@@ -80,6 +80,13 @@ def version_problem(engine: str, version: str, what: str, target_config: dict) -
     return message.format(version=version, family=family)
 
 
+def require_supported_sglang(version: str, where: str = "this environment") -> None:
+    """Refuse any SGLang but :data:`SGLANG_VERSION`, before a server or a capture starts."""
+    if parse_version(version) != parse_version(SGLANG_VERSION):
+        raise EngineVersionError(f"SGLang {version} in {where}; this project supports SGLang {SGLANG_VERSION} "
+                                 "(`make sglang` builds it; on a GPU box `pip install -e '.[sglang]'`)")
+
+
 def check_version(engine: str, version: str, what: str, target_config: dict) -> None:
     problem = version_problem(engine, version, what, target_config)
     if problem:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_assets.target.engines import SGLANG_VERSION, EngineVersionError, parse_version
+from eagle3_assets.target.engines import EngineVersionError, require_supported_sglang
 from eagle3_assets.target.processes import free_port, log_tail, stop_group
 from eagle3_assets.target.vllm_server import PACKAGE_PARENT
 
@@ -51,9 +51,7 @@ def check_supported(python: str) -> str:
     version = installed_version(python)
     if not version:
         raise EngineVersionError(f"no sglang in {python}: run `make sglang` (or set EAGLE3_SGLANG_PYTHON)")
-    if parse_version(version) != parse_version(SGLANG_VERSION):
-        raise EngineVersionError(f"SGLang {version} in {python}; this project supports SGLang {SGLANG_VERSION} "
-                                 "(`make sglang` builds it)")
+    require_supported_sglang(version, python)
     return version
 
 
