@@ -158,7 +158,7 @@ def test_classify_retry_after_http_date_and_exceptions():
 
 def test_sglang_prefix_bug_repair_and_mismatch_flag():
     reqs, sampling = make_requests(1)
-    be = SGLangBackend("http://127.0.0.1:1", lambda m: [1, 2, 3, 4, 5, 6, 7])
+    be = SGLangBackend("http://127.0.0.1:1", lambda m: [1, 2, 3, 4, 5, 6, 7], repair_prefix_bug=True)
     prep = be.prepare(reqs[0], max_tokens=8, sampling=sampling)
     rid = f"{reqs[0].sample_id}-1"
 
@@ -183,7 +183,8 @@ def test_sglang_real_model_rows_token_exact(embedded, tmp_path, serve, one_torch
     srv = serve(SGLangApp(ModelGenerator(embedded), prefix_bug=0.5, seed=3))
     reqs, sampling = make_requests(4, target=embedded.name)
     store = ResponseStore(tmp_path / "r")
-    rep = run(reqs, SGLangBackend([srv.url], embedded.render_prompt), store, sampling, max_tokens=12, concurrency=4)
+    backend = SGLangBackend([srv.url], embedded.render_prompt, repair_prefix_bug=True)
+    rep = run(reqs, backend, store, sampling, max_tokens=12, concurrency=4)
     rows = store.rows()
     assert rep.new == 4 and rep.errors == 0 and rep.stopped_reason is None
     assert rep.backend_info["model_info"]["model_path"] == embedded.name

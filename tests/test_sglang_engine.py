@@ -42,10 +42,11 @@ def test_the_environment_holds_the_one_supported_version(tmp_path):
 def test_raw_responses_from_a_real_sglang_keep_its_exact_greedy_ids(layout, embedded, sglang_server):
     """The rows' output ids are the target's own greedy decoding of the prompt ids the project
     rendered, the stop token kept as SGLang returns it, and completion_tokens counts them. The prompt-
-    prefix repair for an older SGLang (sgl-project/sglang#10896) is off: 0.5.23 needs none."""
+    prefix repair for older SGLang (sgl-project/sglang#10896) is off by default: 0.5.23 needs none, and
+    a leaked prefix would fail these rows as output_ids_mismatch."""
     prompts = {p["id"]: p["messages"] for p in small_prompts(6)}
     write_jsonl(layout.prompt_source("sgl"), small_prompts(6))
-    resource = SGLangResource(base_urls=[sglang_server.base_url], repair_prefix_bug=False)
+    resource = SGLangResource(base_urls=[sglang_server.base_url])  # prefix repair off (the default)
     with dg.instance_for_test() as instance:
         result = run_dataset(instance, "sgl", resources={"sglang": resource},
                              selection=["prompts", "raw_responses", "token_ids"],

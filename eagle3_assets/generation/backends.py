@@ -91,7 +91,7 @@ class SGLangBackend:
 
     def __init__(self, base_urls, render_prompt: Callable[[list], list[int]], *, model: str | None = None,
                  sampling_params: dict | None = None, extra: dict | None = None, api_key: str | None = None,
-                 health_check: bool = True, repair_prefix_bug: bool = True, text_options: dict | None = None,
+                 health_check: bool = True, repair_prefix_bug: bool = False, text_options: dict | None = None,
                  parse_tool_calls: Callable[[list[int]], list[dict] | None] | None = None):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
