@@ -6,6 +6,8 @@ One server for the module (about 60-80 s to start on 2 idle cores); this process
 
 from __future__ import annotations
 
+import os
+
 import dagster as dg
 import httpx
 import polars as pl
@@ -74,3 +76,41 @@ def test_the_server_refuses_hidden_states_it_was_not_started_for(sglang_server):
                    json={"input_ids": [1, 504, 3575, 282, 4649, 314], "return_hidden_states": True,
                          "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
     assert r.status_code == 400 and "enable-return-hidden-states" in r.text.replace("_", "-")
+
+
+CAPTURE_ARGS_PROBE = """
+import json, msgspec
+from sglang.srt.server_args import ServerArgs
+from eagle3_assets.hidden_states.sglang_capture import (BREAKS_CAPTURE, REQUIRED_SERVER_ARGS, breaking_args,
+                                                        capture_server_args, kv_pool_tokens)
+names = {{f.name for f in msgspec.structs.fields(ServerArgs)}}
+kw = capture_server_args({model!r}, tp_size=1, max_tokens=kv_pool_tokens(300, 256), max_rows=4)
+args = ServerArgs(**kw)
+overlap = ServerArgs(**{{**kw, "enable_two_batch_overlap": True}})
+print(json.dumps({{"unknown": sorted(k for k in [*REQUIRED_SERVER_ARGS, *BREAKS_CAPTURE, *kw] if k not in names),
+                  "fixed": {{k: getattr(args, k) for k in REQUIRED_SERVER_ARGS}}, "pool": args.max_total_tokens,
+                  "breaking": breaking_args(args), "overlap_breaking": breaking_args(overlap)}}))
+"""
+
+
+def test_the_capture_server_args_are_real_0_5_23_fields_and_its_refusals_read_them(model_dir):
+    """Every setting the capture fixes or refuses is a field of SGLang's own ServerArgs (a msgspec
+    struct in 0.5.23), the struct accepts the capture's arguments, the KV pool is the one planned
+    for the longest row, and a breaking setting on the real struct is found."""
+    import json
+    import subprocess
+
+    from eagle3_assets.target.vllm_server import PACKAGE_PARENT
+    from eagle3_assets.testing.sglang_cpu import server_environment
+
+    server = SGLangServer(model_dir)  # its interpreter; never started
+    env = server_environment()
+    env["PYTHONPATH"] += os.pathsep + str(PACKAGE_PARENT)
+    out = subprocess.run([server.python, "-c", CAPTURE_ARGS_PROBE.format(model=str(model_dir))], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["unknown"] == []
+    assert got["fixed"] == {"enable_return_hidden_states": True, "disable_radix_cache": True,
+                            "chunked_prefill_size": -1, "disable_cuda_graph": True, "pp_size": 1}
+    assert got["pool"] == 300 and got["breaking"] == [] and got["overlap_breaking"] == ["enable_two_batch_overlap"]
