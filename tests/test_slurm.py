@@ -116,8 +116,15 @@ def test_extraction_as_a_slurm_job_equals_local_extraction(root, extracted, slur
     assert any(m.startswith("extracted 8 samples") for m in logs)  # a Pipes message from the job, read off the file
     assert meta["extracted_now"] == 8
 
+    # Bit equality is the claim, so this side runs with the job's one thread (OMP_NUM_THREADS=1 above):
+    # a matmul's reduction order, and so its last bits, follows the thread count, which is the machine's.
     local = tmp_path / "local"
-    extract_corpus(layout.corpus(DATASET), local, LocalExtractor(model_dir), batch_tokens=4096)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        extract_corpus(layout.corpus(DATASET), local, LocalExtractor(model_dir), batch_tokens=4096)
+    finally:
+        torch.set_num_threads(threads)
     on_slurm, here = ShardReader(layout.hidden_states_dir(DATASET)), ShardReader(local)
     assert sorted(on_slurm.sample_ids()) == sorted(here.sample_ids()) and len(here.sample_ids()) == 8
     for sid in here.sample_ids():
