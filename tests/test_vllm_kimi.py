@@ -143,7 +143,11 @@ def test_mla_drafter_acceptance_by_vllm_agrees_with_the_project(spec_server, mla
     assert engine.matches_greedy and project.matches_greedy, figures
     assert engine.drafts > 0 and engine.draft_tokens == K * engine.drafts
     assert engine.acceptance_length > 1.05, figures  # trained: not a trivial 1.0 vs 1.0
-    assert abs(engine.acceptance_length - project.acceptance_length) <= 0.05, figures
+    # the same counts, not figures within a tolerance: both run the same float32 weights greedily and
+    # verify the same drafts, so every verification step accepts the same tokens
+    counts = small_drafter.acceptance_counts(engine, project)
+    print("counts:", json.dumps(counts))
+    assert counts["vllm"] == counts["project"], counts
 
 
 def test_llama_style_drafter_on_the_mla_target_is_refused_with_the_engines_reason(kimi, kimi_mini_dir, tmp_path):
