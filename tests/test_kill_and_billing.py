@@ -168,7 +168,8 @@ def test_kill_at_random_points_counts_delivered_against_kept(tmp_path, serve, se
         assert proc.returncode == -signal.SIGKILL, f"round {round_}: the child ended early: {proc.stderr.read()[-2000:]}"
         stats = settled(srv)
         starts = [json.loads(x) for x in (store.dir / KEY_LEDGER).read_text().splitlines()]
-        windows.append({"t_launch": t_launch, "t_kill": t_kill, "billing": [b for b in store.billing()[billing_before:] if b["reason"] != DEAD_RUN_REASON],
+        own_billing = [b for b in store.billing()[billing_before:] if b["reason"] != DEAD_RUN_REASON]
+        windows.append({"t_launch": t_launch, "t_kill": t_kill, "billing": own_billing,
                         "run": [r for r in starts if r["event"] == "start"][-1]["run"]})
         delivered: dict[str, float] = {}
         for e in stats["ledger_entries"]:  # this run's billed replies the server handed to the socket before the kill
