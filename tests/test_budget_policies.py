@@ -21,6 +21,7 @@ from eagle3_assets.testing.loopback import OpenRouterApp, SyntheticGenerator, se
 
 KEY = "sk-or-v1-budget-test"
 LIMIT, MAX_TOKENS = 20, 300
+SERVER_FULL_GATE_FLOOR = 0.65  # share of the run the server saw 95% of the gate in flight (expected policy)
 
 
 @pytest.fixture
@@ -58,7 +59,13 @@ def test_expected_policy_keeps_the_gate_full_and_ends_within_one_percent(heavy_t
     assert rep.budget_used == used and rep.budget_overshoot == max(0, used - budget)
     assert rep.full_gate_share >= 0.9, f"the gate was full {rep.full_gate_share:.1%} of the run"
     # by the server's record the gate dips while a worker turns a reply into its next request (a few ms,
-    # a larger share of a 0.3 s reply than of a real one) and drains at the end; its mean stays near full
+    # a larger share of a 0.3 s reply than of a real one) and drains at the end; its mean stays near full.
+    # The bound on the full-gate share is the server's, not the engine's meter: three runs on the shared
+    # 2-core box (load 2-6) measured 82.2%, 70.8% and 88.2% (the README's 81.5-85.3% was a quieter box);
+    # the strict policy, which does not hold the gate, 13.8%. A worker that idles 30 ms between a reply
+    # and its next request kept the engine's meter at 95.6% and the server's mean at 85.8% (both passed)
+    # but the server's full-gate share fell to 32.7%: this bound is what catches it.
+    assert server_share["share"] >= SERVER_FULL_GATE_FLOOR, server_share
     assert server_share["mean"] >= 0.85, server_share
     # after the stop the last progress line says what happened instead of projecting
     assert "the token budget is spent" in lines[-1] and "ETA" not in lines[-1] and "est." not in lines[-1]

@@ -40,6 +40,8 @@ def test_demo_recipe_trains_through_pipes_and_is_measured(layout, model_dir):
         assert (out / "vllm" / "config.json").exists()
         ev = json.loads((out / "eval.json").read_text())
         assert ev["trained"]["matches_greedy"] and ev["untrained"]["matches_greedy"]
+        assert (ev["floor"], ev["margin"]) == (recipe.evaluation.acceptance_floor, recipe.evaluation.acceptance_margin)
+        assert checks_by_name(result)["drafter_acceptance"].passed, checks_by_name(result)["drafter_acceptance"].description
         assert meta["acceptance_length"].value == ev["trained"]["acceptance_length"] >= 1.0
         assert meta["untrained_acceptance_length"].value == ev["untrained"]["acceptance_length"]
         outcomes = check_known_drafters(instance, layout, model_dir, recipe)
@@ -57,6 +59,7 @@ def check_known_drafters(instance, layout, model_dir, recipe) -> dict[str, bool]
     from eagle3_assets.drafter.export import export_sglang, export_vllm, load_sglang
     from eagle3_assets.drafter.spec_decode import untrained_baseline
     from eagle3_assets.drafter.target_weights import read_target_embeddings
+    from eagle3_assets.drafter.trained_layers import trained_layers
     from eagle3_assets.target.spec import TargetSpec
 
     own = dataclasses.replace(recipe, evaluation=recipe.evaluation.model_copy(update={"acceptance_floor": OWN_FLOOR}))
@@ -79,14 +82,22 @@ def check_known_drafters(instance, layout, model_dir, recipe) -> dict[str, bool]
         evals[kind] = ev
         if kind == "wrong aux layer ids":  # an engine would read other layers than training used
             cfg = json.loads((out / "sglang" / "config.json").read_text())
-            cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 2]
+            # ids that pass every format rule (three, increasing, starting at 1) but name another layer
+            assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]  # what training used
+            cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 14, 25]
             (out / "sglang" / "config.json").write_text(json.dumps(cfg))
+            assert check_sglang_export(out / "sglang") == []  # the format alone cannot see it
+            [problem] = check_sglang_export(out / "sglang", trained_layers(out))
+            assert "[1, 14, 25] differ from the layers the drafter was trained on (sglang numbering [1, 14, 26]" \
+                in problem, problem
         (out / "eval.json").write_text(json.dumps(ev))
         # the check alone (a check-only selection takes its partition from the run's tag)
         result = dg.materialize([drafter_checkpoint, drafter_acceptance], selection=dg.AssetSelection.checks(drafter_acceptance),
                                 tags={"dagster/partition": recipe.name}, instance=instance,
                                 resources=default_resources(), raise_on_error=False)
-        outcomes[kind] = checks_by_name(result)["drafter_acceptance"].passed
+        check = checks_by_name(result)["drafter_acceptance"]
+        outcomes[kind] = check.passed
+        print(f"drafter_acceptance on the {kind} drafter: passed={check.passed}: {check.description}")
     lengths = {kind: ev["trained"]["acceptance_length"] for kind, ev in evals.items()}
     print(f"acceptance length by drafter (floor {OWN_FLOOR}): {lengths}; check passed: {outcomes}")
     return outcomes

@@ -152,8 +152,10 @@ def test_kill_at_random_points_counts_delivered_against_kept(tmp_path, serve, se
     rng = random.Random(seed)
     lost_per_kill: list[list[float]] = []  # ages (s) of the delivered replies not on disk, per kill
     on_disk_at_kills: list[tuple[set, dict]] = []  # rows on disk, replies generated per key
+    windows: list[dict] = []  # per killed run: its window and the billing lines it wrote itself
     for round_ in range(3):
         before = len(store.rows())
+        billing_before = len(store.billing())
         t_launch = time.time()
         proc = start_child(tmp_path, srv.url, store.dir, len(reqs), concurrency=WORKERS)
         deadline = time.monotonic() + 300
@@ -165,6 +167,10 @@ def test_kill_at_random_points_counts_delivered_against_kept(tmp_path, serve, se
         proc.wait(timeout=60)
         assert proc.returncode == -signal.SIGKILL, f"round {round_}: the child ended early: {proc.stderr.read()[-2000:]}"
         stats = settled(srv)
+        starts = [json.loads(x) for x in (store.dir / KEY_LEDGER).read_text().splitlines()]
+        own_billing = [b for b in store.billing()[billing_before:] if b["reason"] != DEAD_RUN_REASON]
+        windows.append({"t_launch": t_launch, "t_kill": t_kill, "billing": own_billing,
+                        "run": [r for r in starts if r["event"] == "start"][-1]["run"]})
         delivered: dict[str, float] = {}
         for e in stats["ledger_entries"]:  # this run's billed replies the server handed to the socket before the kill
             if (e["received_at"] >= t_launch and e["billed"] and e["delivered_at"] is not None
@@ -207,9 +213,34 @@ def test_kill_at_random_points_counts_delivered_against_kept(tmp_path, serve, se
     assert len({r["run"] for r in reconciled}) == 3  # each killed run, found by the run after it
     dead = math.fsum(b["cost_usd"] for b in store.billing() if b["reason"] == DEAD_RUN_REASON)
     assert bill["billed_dead_runs_usd"] == pytest.approx(dead) and dead > 0
+    # each killed run's bill, by the server's ledger: what arrived in its window, was billed, and was
+    # kept nowhere (no row holds its generation, the run wrote no billing line for it) - against the
+    # share the run after it reconciled for that run
+    share = {r["run"]: r["share_usd"] for r in reconciled}
+    for i, w in enumerate(windows):
+        assert share.get(w["run"]) == pytest.approx(never_kept_usd(stats["ledger_entries"], w, kept_rows, by_sample),
+                                                    abs=1e-9), (seed, i, share, w["run"])
     print(f"lost per kill: {[len(x) for x in lost_per_kill]} delivered replies (bound {WORKERS}, one per worker), "
           f"delivered {[round(1000 * a, 1) for x in lost_per_kill for a in x]} ms before the kill; bill: server "
-          f"${stats['ledger']['billed_usd']:.6f}, project ${bill['billed_usd']:.6f} (to runs that died ${dead:.6f})")
+          f"${stats['ledger']['billed_usd']:.6f}, project ${bill['billed_usd']:.6f} (to runs that died ${dead:.6f}: "
+          f"{[round(share[w['run']], 6) for w in windows]} per killed run, each its window's billed-and-kept-nowhere; "
+          f"{[len(w['billing']) for w in windows]} billing lines written by each)")
+
+
+def never_kept_usd(entries: list[dict], window: dict, kept_rows: list[dict], by_sample: dict) -> float:
+    """The server's bill for one killed run: requests that arrived between its launch and its kill,
+    were billed, and were kept nowhere: not the generation of a row, and not a reply whose cost the run
+    wrote to billing.jsonl itself (matched one for one, by conversation and cost, among its replies the
+    server delivered)."""
+    kept = {r["generation_id"] for r in kept_rows}
+    ours = [e for e in entries if window["t_launch"] <= e["received_at"] <= window["t_kill"] and e["billed"]
+            and e["generation_id"] not in kept]
+    for b in window["billing"]:  # a reply the run saw and billed without a row
+        match = next((e for e in ours if e["key"] == by_sample[b["sample_id"]] and e["delivered_at"] is not None
+                      and math.isclose(e["cost_usd"], b["cost_usd"], abs_tol=1e-12)), None)
+        assert match is not None, f"billing line {b} matches no reply the server billed and delivered in the run"
+        ours.remove(match)
+    return math.fsum(e["cost_usd"] for e in ours)
 
 
 def test_the_bill_includes_replies_lost_after_billing(tmp_path, serve):

@@ -62,4 +62,10 @@ def test_whole_graph_on_kimi_mini(layout, kimi_mini_dir, monkeypatch):
         assert ev["stop_ids"] == [163585, IM_END]  # K2.5's eos [EOS] and the turn's end: decoding stops on both
         print(f"kimi-mini acceptance length {ev['trained']['acceptance_length']:.3f} "
               f"(untrained {ev['untrained']['acceptance_length']:.3f}) on {ev['prompts']} prompts")
-        assert checks_by_name(result)["drafter_acceptance"].passed
+        # the recipe's floor and margin, as the check read them, and an untrained drafter falls below them
+        assert (ev["floor"], ev["margin"]) == (recipe.evaluation.acceptance_floor, recipe.evaluation.acceptance_margin)
+        assert ev["untrained"]["acceptance_length"] < ev["floor"]
+        assert ev["trained"]["acceptance_length"] >= max(ev["floor"], ev["untrained"]["acceptance_length"] + ev["margin"])
+        check = checks_by_name(result)["drafter_acceptance"]
+        assert check.passed, check.description
+        assert check.metadata["trained_aux_layer_ids"].value == "[1, 2, 3]"

@@ -116,8 +116,15 @@ def test_extraction_as_a_slurm_job_equals_local_extraction(root, extracted, slur
     assert any(m.startswith("extracted 8 samples") for m in logs)  # a Pipes message from the job, read off the file
     assert meta["extracted_now"] == 8
 
+    # Bit equality is the claim, so this side runs with the job's one thread (OMP_NUM_THREADS=1 above):
+    # a matmul's reduction order, and so its last bits, follows the thread count, which is the machine's.
     local = tmp_path / "local"
-    extract_corpus(layout.corpus(DATASET), local, LocalExtractor(model_dir), batch_tokens=4096)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        extract_corpus(layout.corpus(DATASET), local, LocalExtractor(model_dir), batch_tokens=4096)
+    finally:
+        torch.set_num_threads(threads)
     on_slurm, here = ShardReader(layout.hidden_states_dir(DATASET)), ShardReader(local)
     assert sorted(on_slurm.sample_ids()) == sorted(here.sample_ids()) and len(here.sample_ids()) == 8
     for sid in here.sample_ids():
@@ -287,8 +294,9 @@ def _wait_for_log(instance, run_id: str, needle: str, timeout: float = 600) -> s
 
 
 def test_terminating_the_run_from_dagster_cancels_a_pending_then_running_job(root, trained, slurm_cluster):
-    """``dagster dev`` on the module's data root; the run's job first waits behind a job holding the
-    node (pending, reason Resources), then runs; *Terminate* over GraphQL cancels it."""
+    """``dagster dev`` on the module's data root; a run's job waits behind a job holding the node
+    (pending, reason Resources) and *Terminate* over GraphQL cancels it there, before it ever ran;
+    a second run's job waits, then runs, and *Terminate* cancels it while running."""
     from eagle3_assets.testing.dagster_dev import dagster_dev
 
     layout, other_instance = root
@@ -297,6 +305,18 @@ def test_terminating_the_run_from_dagster_cancels_a_pending_then_running_job(roo
     run_config = {"ops": {"drafter_checkpoint": {"config": TRAIN_ON_SLURM}}, "resources": FAST}
     with dagster_dev(layout.root) as running:
         server, instance = running.server, running.instance
+        # terminated while pending: the job is cancelled in the queue and never starts
+        run_id = server.launch_run(["drafter_checkpoint"], run_config, {"dagster/partition": RECIPE})
+        pending = _wait_for_log(instance, run_id, "is pending (")
+        held = pending.split()[2]
+        assert scheduler.scontrol_job(held)["JobState"] == "PENDING"
+        server.terminate_run(run_id)
+        assert server.wait_for_run(run_id, timeout=300, poll=1.0) == "CANCELED"
+        assert any(f"cancelled SLURM job {held} with scancel" in m for m in _messages(instance, run_id))
+        assert not any(f"SLURM job {held} is running" in m for m in _messages(instance, run_id))
+        record = scheduler.scontrol_job(held)
+        assert record["JobState"] == "CANCELLED" and record.get("RunTime") == "00:00:00", record
+        # terminated while running
         run_id = server.launch_run(["drafter_checkpoint"], run_config, {"dagster/partition": RECIPE})
         pending = _wait_for_log(instance, run_id, "is pending (")
         assert "(Resources)" in pending or "(Priority)" in pending, pending

@@ -25,6 +25,7 @@ from tests.conftest import write_jsonl
 from tests.dagster_helpers import checks_by_name, run_dataset, small_run_config
 
 pytestmark = pytest.mark.model
+TOOL_CALL_AGREEMENT = 0.95  # the bound under the measured 0.954-0.957 (docs/checks.md)
 KEY = "sk-or-tools-0123456789"
 IM_END, SECTION_BEGIN = 163586, 163595
 WEATHER = {"name": "get_weather", "description": "Current weather in a city",
@@ -151,7 +152,13 @@ def test_agentic_file_through_the_graph(layout, servers, dataset):
     assert check.passed, check.description
     assert check.metadata["tool_call_native_rows"].value == called["sglang"]
     assert check.metadata["tool_call_rebuilt_rows"].value == called["openrouter"]
-    assert 0 < check.metadata["tool_call_token_agreement"].value <= 1
+    # the loopback's calls are the ones it wrote (names, ids, argument ids), never read back with the
+    # project's KimiFormat.split; the project's template rendering of them against the ids the server
+    # sent measured 0.9545 (b1_glaive), 0.9565 (sharegpt_tools) and 0.9540 (openai_tools): the
+    # argument strings spelled with the model's own ids are the part a re-rendering cannot reproduce
+    agreement = check.metadata["tool_call_token_agreement"].value
+    print(f"{dataset}: tool-call token agreement {agreement!r}")
+    assert TOOL_CALL_AGREEMENT <= agreement < 1, agreement
 
     inventory = {r["source"]: r for r in read_inventory(layout.metadata_db, dataset).to_dicts()}
     assert inventory["all"]["tool_call_responses"] == sum(called.values())

@@ -241,6 +241,7 @@ def test_launch_commands(tmp_path, model_dir):
     assert kv["kv_connector"] == CPU_CONNECTOR and kv["kv_connector_module_path"] == CPU_CONNECTOR_MODULE
     assert kv["kv_connector_extra_config"]["shared_storage_path"] == str(tmp_path / "hs")
     assert "--no-enable-chunked-prefill" in cmd and "--disable-log-stats" not in cmd
+    assert "--attention-backend" not in cmd  # chosen for MLA targets only (cpu_mla_args)
     env = ext.environment()
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(PACKAGE_PARENT)
     assert env["TMPDIR"].startswith(str(tmp_path)) and env["VLLM_CPU_KVCACHE_SPACE"] == "2"

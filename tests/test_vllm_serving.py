@@ -109,4 +109,8 @@ def test_acceptance_agrees_with_the_project_evaluator(spec_server, drafter_expor
     assert engine.matches_greedy and project.matches_greedy, figures
     assert engine.drafts > 0 and engine.draft_tokens == K * engine.drafts
     assert engine.acceptance_length > 1.05, figures  # the drafter was trained: it is not a trivial 1.0 vs 1.0
-    assert abs(engine.acceptance_length - project.acceptance_length) <= 0.05, figures
+    # the same counts, not figures within a tolerance: both run the same float32 weights greedily and
+    # verify the same drafts, so every verification step accepts the same tokens
+    counts = small_drafter.acceptance_counts(engine, project)
+    print("counts:", json.dumps(counts))
+    assert counts["vllm"] == counts["project"], counts

@@ -117,6 +117,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
             "acceptance_length_no_bonus": t["acceptance_length_no_bonus"],
             "untrained_acceptance_length": u["acceptance_length"],
             "acceptance_floor": recipe.evaluation.acceptance_floor,
+            "acceptance_margin": recipe.evaluation.acceptance_margin,
             "matches_greedy": t["matches_greedy"],
             "acceptance_per_position": md_table(positions),
             "eval_prompts": len(prompts),

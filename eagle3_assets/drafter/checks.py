@@ -1,4 +1,5 @@
-"""``drafter_acceptance``: the serving contract and the acceptance floor, checked on the export."""
+"""``drafter_acceptance``: the serving contract, the aux layers against training, and the acceptance
+floor and margin over an untrained twin, checked on the export."""
 
 import json
 
@@ -9,32 +10,56 @@ from eagle3_assets.metadata import md_table
 from resources import StorageResource
 
 
+def acceptance_problems(ev: dict, settings) -> list[str]:
+    """Why ``ev`` (eval.json) does not pass the recipe's ``settings`` (its ``EvalSettings``): the
+    evaluation must have used the recipe's floor and margin, and the trained drafter must reach the
+    floor, beat its untrained twin by the margin and reproduce greedy decoding."""
+    problems = []
+    floor, margin = settings.acceptance_floor, settings.acceptance_margin
+    if ev.get("floor") != floor or ev.get("margin") != margin:
+        problems.append(f"eval.json was measured against floor {ev.get('floor')} and margin {ev.get('margin')}, "
+                        f"the recipe states floor {floor} and margin {margin}: re-materialize the drafter")
+    t, u = ev["trained"]["acceptance_length"], ev["untrained"]["acceptance_length"]
+    if t < floor:
+        problems.append(f"acceptance length {t:.3f} is below the floor {floor}")
+    if t < u + margin:
+        problems.append(f"acceptance length {t:.3f} does not beat the untrained drafter's {u:.3f} by the margin {margin}")
+    if not ev["trained"]["matches_greedy"]:
+        problems.append("speculative decoding did not reproduce greedy decoding")
+    return problems
+
+
 @dg.asset_check(asset=drafter_checkpoint, blocking=True, partitions_def=recipe_partitions,
-                description="The SGLang and vLLM exports follow their serving contracts (rope, aux layers), and "
-                            "speculative decoding on held-out "
-                            "prompts reaches the recipe's acceptance floor while reproducing greedy decoding.")
+                description="The SGLang and vLLM exports follow their serving contracts (rope, aux layers) and "
+                            "name the aux layers the drafter was trained on; speculative decoding on held-out "
+                            "prompts reaches the recipe's acceptance floor, beats an untrained drafter by the "
+                            "recipe's margin and reproduces greedy decoding.")
 def drafter_acceptance(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
     from eagle3_assets.drafter.export import check_sglang_export, check_vllm_export
     from eagle3_assets.drafter.recipes import load_recipe
+    from eagle3_assets.drafter.trained_layers import trained_layers
 
     out = storage.layout.drafter_dir(context.partition_key)
-    engines = load_recipe(context.partition_key).shape.engines
-    problems = [f"sglang export: {p}" for p in check_sglang_export(out / "sglang")] if "sglang" in engines else []
-    problems += [f"vllm export: {p}" for p in check_vllm_export(out / "vllm")] if "vllm" in engines else []
+    recipe = load_recipe(context.partition_key)
+    engines = recipe.shape.engines
+    try:
+        layers, problems = trained_layers(out), []
+    except (OSError, ValueError, KeyError) as exc:
+        layers, problems = None, [f"training layers: {exc}"]
+    problems += [f"sglang export: {p}" for p in check_sglang_export(out / "sglang", layers)] if "sglang" in engines else []
+    problems += [f"vllm export: {p}" for p in check_vllm_export(out / "vllm", layers)] if "vllm" in engines else []
     ev = json.loads((out / "eval.json").read_text()) if (out / "eval.json").exists() else None
     if ev is None:
         problems.append("no eval.json: the drafter was not evaluated")
     else:
-        t = ev["trained"]
-        if t["acceptance_length"] < ev["floor"]:
-            problems.append(f"acceptance length {t['acceptance_length']:.3f} is below the floor {ev['floor']}")
-        if not t["matches_greedy"]:
-            problems.append("speculative decoding did not reproduce greedy decoding")
+        problems += acceptance_problems(ev, recipe.evaluation)
+    ok = f"acceptance length {ev['trained']['acceptance_length']:.3f} >= {ev['floor']}" if ev else ""
     return dg.AssetCheckResult(
         passed=not problems,
-        description="; ".join(problems) or f"acceptance length {ev['trained']['acceptance_length']:.3f} >= {ev['floor']}",
+        description="; ".join(problems) or ok,
         metadata={"acceptance_length": ev["trained"]["acceptance_length"] if ev else None,
                   "untrained": ev["untrained"]["acceptance_length"] if ev else None,
-                  "floor": ev["floor"] if ev else None, "problems": md_table([{"problem": p} for p in problems])},
+                  "floor": ev["floor"] if ev else None, "margin": ev.get("margin") if ev else None,
+                  "trained_aux_layer_ids": str(layers["aux_layer_ids"]) if layers else None,
+                  "problems": md_table([{"problem": p} for p in problems])},
     )
-

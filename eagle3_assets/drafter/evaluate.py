@@ -71,5 +71,6 @@ def evaluate_drafter(model_dir: Path, out_dir: Path, prompts: list[list[int]], r
         out[name] = {"acceptance_length": rep.acceptance_length, "acceptance_length_no_bonus": rep.acceptance_length_no_bonus,
                      "per_position_rate": list(rep.per_position_rate), "verify_steps": rep.verify_steps,
                      "matches_greedy": bool(rep.matches_greedy)}
-    out.update(prompts=len(prompts), k=k, max_new_tokens=n, floor=ev.acceptance_floor, stop_ids=stop)
+    out.update(prompts=len(prompts), k=k, max_new_tokens=n, floor=ev.acceptance_floor, margin=ev.acceptance_margin,
+               stop_ids=stop)
     return out

@@ -215,8 +215,15 @@ SGLANG_CONFIG_KEYS = ("architectures", "draft_vocab_size", "vocab_size", "hidden
                       "num_attention_heads", "num_key_value_heads", "rope_theta", "eagle_config")
 
 
-def check_sglang_export(export_dir: Path) -> list[str]:
-    """Problems with an SGLang export's files (empty when it follows the serving contract)."""
+def check_sglang_export(export_dir: Path, trained: dict | None = None) -> list[str]:
+    """Problems with an SGLang export's files (empty when it follows the serving contract), and with
+    its aux layer ids against ``trained`` (the training shards' ``layers`` record) when given."""
+    from eagle3_assets.drafter.trained_layers import export_layer_problems
+
+    return _sglang_file_problems(export_dir) + export_layer_problems(export_dir, "sglang", trained)
+
+
+def _sglang_file_problems(export_dir: Path) -> list[str]:
     from safetensors import safe_open
 
     export_dir = Path(export_dir)
@@ -275,8 +282,15 @@ def _shared_problems(layer: dict, top: dict, sglang_ids, where: str) -> list[str
     return problems
 
 
-def check_vllm_export(export_dir: Path) -> list[str]:
-    """Problems with a speculators (vLLM) export's files (empty when vLLM reads it as trained)."""
+def check_vllm_export(export_dir: Path, trained: dict | None = None) -> list[str]:
+    """Problems with a speculators (vLLM) export's files (empty when vLLM reads it as trained), and
+    with its aux layer ids against ``trained`` (the training shards' ``layers`` record) when given."""
+    from eagle3_assets.drafter.trained_layers import export_layer_problems
+
+    return _vllm_file_problems(export_dir) + export_layer_problems(export_dir, "vllm", trained)
+
+
+def _vllm_file_problems(export_dir: Path) -> list[str]:
     from safetensors import safe_open
 
     export_dir = Path(export_dir)

@@ -85,6 +85,23 @@ def serving_problem(python: str, role: str, model_dir: Path | str, drafter_dir: 
     return problem
 
 
+def cpu_mla_args(python: str, model_dir: Path | str) -> list[str]:
+    """``--attention-backend CPU_MLA`` for an MLA target on the CPU build. Left to itself that build
+    picks its AMX MLA kernels on a CPU with AMX tiles, which refuse float32 weights and lift the
+    block size of 16 the reference MLA kernels take: the same command would then serve, or fail,
+    differently from machine to machine. The reference backend behaves the same on every CPU."""
+    from eagle3_assets.target.engines import target_family
+
+    path = Path(model_dir) / "config.json"
+    mla = path.exists() and target_family(json.loads(path.read_text())) is not None
+    return ["--attention-backend", "CPU_MLA"] if mla and is_cpu_build(python) else []
+
+
+def _is_mla_drafter(drafter_dir: Path | str) -> bool:
+    path = Path(drafter_dir) / "config.json"
+    return path.exists() and json.loads(path.read_text()).get("architectures") == ["Eagle3DeepseekV2ForCausalLM"]
+
+
 def ships_code(model_dir: Path | str) -> bool:
     """Whether a checkpoint names classes of its own (``auto_map``), as Kimi-K2.5's tokenizer and
     processor: vLLM then needs ``--trust-remote-code``."""
@@ -181,13 +198,18 @@ class VLLMServer:
             cmd.append("--enforce-eager")
         if self.trust_remote_code:
             cmd.append("--trust-remote-code")
+        mla_backend = cpu_mla_args(self.python, self.model_dir)
+        cmd += mla_backend
         if self.role == "extract":
             cpu = self.connector == "cpu" or (self.connector == "auto" and is_cpu_build(self.python))
             spec, kv = extraction_configs(self.vllm_layer_ids, self.storage_dir, cpu=cpu)
             cmd += ["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv),
                     "--no-enable-chunked-prefill"]
         elif self.role == "speculate":
-            cmd += ["--speculative-config", json.dumps(speculative_config(self.drafter_dir, self.num_speculative_tokens))]
+            spec = speculative_config(self.drafter_dir, self.num_speculative_tokens)
+            if mla_backend and _is_mla_drafter(self.drafter_dir):  # the draft model picks its own backend
+                spec["attention_backend"] = mla_backend[1]
+            cmd += ["--speculative-config", json.dumps(spec)]
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict:

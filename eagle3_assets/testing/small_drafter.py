@@ -104,3 +104,17 @@ def served_vs_project(api_url: str, embedded, export_dir: Path, prompts, *, k: i
     project = evaluate_acceptance(embedded.model, load_vllm(export_dir).float().eval(), prompts, k=k,
                                   max_new_tokens=max_new_tokens, stop_ids=embedded.stop_ids, greedy_reference=greedy)
     return engine, project, compare(project.as_metadata(), engine)
+
+
+def acceptance_counts(engine, project) -> dict:
+    """The integer counts behind both acceptance figures, vLLM's counters and the project's
+    evaluator side by side: verification steps with drafts, draft tokens, accepted tokens, and
+    accepted tokens at each draft position (recovered exactly from the rates: count / steps * steps)."""
+    k = project.k
+    accepted = sum(j * n for j, n in enumerate(project.accepted_histogram))
+    return {
+        "vllm": {"drafts": engine.drafts, "draft_tokens": engine.draft_tokens, "accepted_tokens": engine.accepted_tokens,
+                 "accepted_per_position": [round(r * engine.drafts) for r in engine.per_position_rate]},
+        "project": {"drafts": project.verify_steps, "draft_tokens": k * project.verify_steps, "accepted_tokens": accepted,
+                    "accepted_per_position": [round(r * project.verify_steps) for r in project.per_position_rate]},
+    }

@@ -98,13 +98,17 @@ class ToolCaller:
         words = self._value_ids(body)
         n_calls = 2 if len(tools) > 1 and h[0] % 3 == 0 else 1
         before = text.count("<|tool_call_begin|>")
-        section = [self.fmt.section_begin]
+        section, calls = [self.fmt.section_begin], []
         for k in range(n_calls):
             name, fields = tools[(h[1] + k) % len(tools)]
-            section += [self.fmt.call_begin, *self.tok.encode_text(f"functions.{name}:{before + k}"),
-                        self.fmt.argument_begin, *self._arguments(fields, words, h[2 + k:]), self.fmt.call_end]
+            call_id, arguments = f"functions.{name}:{before + k}", self._arguments(fields, words, h[2 + k:])
+            section += [self.fmt.call_begin, *self.tok.encode_text(call_id), self.fmt.argument_begin, *arguments,
+                        self.fmt.call_end]
+            # the calls as a provider's parser reports them, from what was written here (not read back
+            # with the project's KimiFormat.split, which the project's re-rendering is checked against)
+            calls.append({"id": call_id, "type": "function",
+                          "function": {"name": name, "arguments": self.tok.decode(arguments)}})
         ids = head + section + [self.fmt.section_end, self.tok.end_of_turn_id]
-        _, calls = self.fmt.split(self.tok, ids)
         pre = self.tok.decode(head)
         thinking = self.tok.opens_think(prompt_ids)
         reasoning, content = (pre.split("</think>", 1) + [""])[:2] if thinking else (None, pre)
