@@ -8,7 +8,9 @@ Two questions a Kimi-K2.5 run asks of vLLM, on the stand-in:
   equal the local TypeScript-declaring rendering), ``token_ids`` and ``merged_corpus``, with every
   reply stopped at ``<|im_end|>`` although the config's ``eos_token_id`` is ``[EOS]``?
 The stand-in's random weights never choose to call a tool, so the served replies are text: every
-one is counted as ``tools_unused``, which is what the run must report.
+one is counted as ``tools_unused``, which is what the run must report. Nor do they ever end a turn,
+so vLLM serves a copy whose ``<|im_end|>`` output row makes the first reply end after four tokens
+(``ending_model``): the end-of-turn stop is then seen, not assumed.
 """
 
 from __future__ import annotations
@@ -69,10 +71,46 @@ def test_vllms_kimi_k2_parser_reads_the_stand_ins_tool_calls(kimi_mini_dir):
     assert tok.parse_tool_calls(reply) == calls  # the project's own reading of the same ids agrees
 
 
+QUESTIONS = ["Weather in Paris?", "Is it cold in Oslo?", "Rain in Lima?"]
+
+
 @pytest.fixture(scope="module")
-def tool_server(kimi_mini_dir, tmp_path_factory):
+def ending_model(kimi_mini_dir, tmp_path_factory):
+    """kimi-mini that ends its greedy reply to the first question after four tokens, as a trained
+    model ends its turn; the random stand-in itself never emits ``<|im_end|>`` (it repeats one token).
+    ``<|im_end|>``'s output row becomes that token's row plus the direction that scores +1 on the
+    lm_head input of the fifth step and -1 on the first four (solved exactly: 5 equations, 64
+    unknowns); everything else (tokenizer, template, the other weights) is kimi-mini's."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from eagle3_assets.drafter.spec_decode import greedy_generate
+    from eagle3_assets.target.embedded import EmbeddedModel
+    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+
+    model = EmbeddedModel(kimi_mini_dir, tokenizer=TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True))
+    prompt = model.render_prompt([{"role": "user", "content": QUESTIONS[0]}], TOOLS)
+    reply = greedy_generate(model.model, prompt, max_new_tokens=5, stop_ids=model.stop_ids)
+    assert IM_END not in reply  # the stand-in as it is does not end its turn
+    with torch.no_grad():
+        out = model.model(torch.tensor([prompt + reply[:4]]), output_hidden_states=True)
+    h = out.hidden_states[-1][0, len(prompt) - 1:].float()  # the lm_head inputs of steps 1..5
+    direction = torch.linalg.pinv(h) @ torch.tensor([-1.0, -1.0, -1.0, -1.0, 1.0])
+    out_dir = tmp_path_factory.mktemp("ending") / kimi_mini_dir.name
+    shutil.copytree(kimi_mini_dir, out_dir)
+    weights = load_file(str(out_dir / "model.safetensors"))
+    head = weights["language_model.lm_head.weight"]
+    head[IM_END] = head[reply[4]] + direction.to(head.dtype)
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def tool_server(ending_model, tmp_path_factory):
     args = ["--trust-remote-code", "--enable-auto-tool-choice", "--tool-call-parser", "kimi_k2"]
-    with VLLMServer(kimi_mini_dir, role="generate", extra_args=args, workdir=tmp_path_factory.mktemp("vllm-tools")) as srv:
+    with VLLMServer(ending_model, role="generate", extra_args=args, workdir=tmp_path_factory.mktemp("vllm-tools")) as srv:
         yield srv
 
 
@@ -82,7 +120,7 @@ def test_tool_dataset_through_vllm(tool_server, layout):
     from tests.dagster_helpers import checks_by_name, run_dataset, small_run_config
 
     rows = [{"id": f"t{i}", "tools": TOOLS, "messages": [{"role": "user", "content": q}]}
-            for i, q in enumerate(["Weather in Paris?", "Is it cold in Oslo?", "Rain in Lima?"])]
+            for i, q in enumerate(QUESTIONS)]
     rows.append({"id": "t3", "tools": TOOLS, "messages": [
         {"role": "user", "content": "Weather in Rome?"},
         {"role": "assistant", "content": None, "tool_calls": [
@@ -101,8 +139,14 @@ def test_tool_dataset_through_vllm(tool_server, layout):
     for r in responses:
         assert "prompt_differs_from_local" not in r["flags"], "vLLM rendered the tools otherwise than the template's override"
         assert "tools_sent" in r["flags"]
-        if r["finish_reason"] == "stop":
-            assert r["output_ids"][-1] == IM_END and IM_END not in r["output_ids"][:-1]
+        assert r["finish_reason"] in ("stop", "length"), r["finish_reason"]
+    stopped = [r for r in responses if r["finish_reason"] == "stop"]
+    assert any(r["prompt_id"] == "t0" for r in stopped), [r["finish_reason"] for r in responses]
+    for r in stopped:  # stopped at <|im_end|> (the config's eos is [EOS]), kept once, at the end
+        assert r["output_ids"][-1] == IM_END and IM_END not in r["output_ids"][:-1], r["output_ids"]
+    for r in responses:
+        if r["finish_reason"] == "length":
+            assert IM_END not in r["output_ids"] and len(r["output_ids"]) == 32
     meta = result.asset_materializations_for_node("raw_responses")[0].metadata
     unused = [r for r in responses if "tools_unused" in r["flags"]]
     assert meta["new_replies_without_a_call_despite_tools"].value == len(unused)
@@ -111,4 +155,6 @@ def test_tool_dataset_through_vllm(tool_server, layout):
     tokens = pl.read_parquet(layout.tokens("vllm_tools"))
     assert tokens["native_ids"].all() and tokens["has_tools"].all()
     assert checks_by_name(result)["special_tokens_valid"].passed
-    assert pl.read_parquet(layout.corpus("vllm_tools")).height == 4
+    # a reply that is only <|im_end|> has nothing to train on: the corpus drops it
+    spoken = [r for r in responses if len(r["output_ids"]) > 1]
+    assert pl.read_parquet(layout.corpus("vllm_tools")).height == len(spoken) >= 1
