@@ -1,7 +1,12 @@
-"""A stand-in for the few ``sglang`` 0.5.14 names ``SGLangCapture`` imports, with the same
-call signatures (keyword names read in the 0.5.14 source) and a miniature model whose decoder
-loop and logits-processor call follow models/llama.py. It checks how the capture drives
-SGLang (arguments, call order, capture mode, pool clearing), not SGLang itself.
+"""A stand-in for the few ``sglang`` 0.5.23 names ``SGLangCapture`` imports, with the same
+call signatures (keyword names read in the 0.5.23 source) and a miniature model whose decoder
+loop and logits-processor call follow models/llama.py.
+
+The capture itself runs on SGLang's real ``ModelRunner`` in ``tests/test_sglang_capture_real.py``;
+this stand-in stays only for what a CPU cannot show: a second tensor-parallel rank's published
+placement, a page size SGLang resolves on GPUs (64 for trtllm_mla), a pool capped by GPU memory,
+flags ``ServerArgs`` switches on by itself there, a Kimi-K2.5 config, and pools freed after a
+failed forward.
 """
 
 import sys
@@ -88,17 +93,19 @@ class Pool:
 class ModelRunner:
     GPU_TOKENS = 1 << 20  # the KV pool the "GPU memory" leaves room for
 
-    def __init__(self, model_config, mem_fraction_static, gpu_id, tp_rank, tp_size, moe_ep_rank, moe_ep_size, pp_rank,
-                 pp_size, nccl_port, server_args, dp_rank=None, attn_cp_rank=None, moe_dp_rank=None,
-                 is_draft_worker=False, req_to_token_pool=None, token_to_kv_pool_allocator=None,
-                 memory_pool_config=None, draft_model_idx=None):
+    def __init__(self, model_config, mem_fraction_static, gpu_id, nccl_port, server_args, is_draft_worker=False,
+                 req_to_token_pool=None, token_to_kv_pool_allocator=None, memory_pool_config=None,
+                 draft_model_idx=None, draft_attention_backend=None, load_group=None):
+        published, role, ranks = PUBLISHED
+        if published is not server_args or role != "scheduler":  # SGLang's assert_published
+            raise RuntimeError("config not published for role 'scheduler'")
         self.server_args, self.model_config, self.model = server_args, model_config, TinyForCausalLM()
         self.req_to_token_pool, self.token_to_kv_pool_allocator = Pool(), Pool()
         self.setup: list[str] = []
         self.fail_next = False
         self.page_size = server_args.page_size
         self.max_total_num_tokens = None
-        CALLS.append(("ModelRunner", {"tp_rank": tp_rank, "tp_size": tp_size, "gpu_id": gpu_id}))
+        CALLS.append(("ModelRunner", {"world_rank": ranks.world_rank, "gpu_id": gpu_id, "parallel": PARALLEL[:]}))
 
     def alloc_memory_pool(self, memory_pool_config=None):
         self.setup.append("alloc_memory_pool")
@@ -130,7 +137,7 @@ class Req:
     def __init__(self, rid, origin_input_text, origin_input_ids, sampling_params, return_logprob=False, **rest):
         assert isinstance(origin_input_ids, array)
         self.rid, self.origin_input_ids, self.sampling_params = rid, origin_input_ids, sampling_params
-        self.output_ids, self.full_untruncated_fill_ids, self.fill_len = array("q"), array("q"), 0
+        self.output_ids, self.full_untruncated_fill_ids, self.extend_end = array("q"), array("q"), None
 
     def init_next_round_input(self, tree_cache=None, cow_mamba=None):
         self.full_untruncated_fill_ids = self.origin_input_ids + self.output_ids
@@ -146,13 +153,14 @@ class ScheduleBatch:
         return b
 
     def prepare_for_extend(self):
-        ids = [t for r in self.reqs for t in r.full_untruncated_fill_ids[: r.fill_len]]
+        ids = [t for r in self.reqs for t in r.full_untruncated_fill_ids[: r.extend_end]]
         self.prefill_input_ids_cpu = torch.tensor(ids, dtype=torch.int64)
 
 
 class ForwardBatch:
     @classmethod
-    def init_new(cls, batch, model_runner):
+    def init_new(cls, batch, model_runner, *, capture_hidden_mode=None, return_hidden_states_before_norm):
+        assert capture_hidden_mode == batch.capture_hidden_mode
         fb = cls()
         fb.capture_hidden_mode, batch.capture_hidden_mode = batch.capture_hidden_mode, None
         fb.input_ids = batch.input_ids
@@ -174,13 +182,40 @@ class CacheInitParams:
         self.disable = disable
 
 
-class ChunkCache:
+class RadixCache:
     def __init__(self, params):
+        assert params.disable
         self.params = params
 
 
+PUBLISHED: list = [None, None, None]  # server_args, role, ranks
+PARALLEL: list = []  # what bootstrap was asked to build, in order
+
+
+class SpawnRanks:
+    def __init__(self, world_rank, dp_rank=None, gpu_id=None):
+        self.world_rank, self.dp_rank, self.gpu_id = world_rank, dp_rank, gpu_id
+
+
+def publish(server_args, *, role, hf_config=None, ranks=None):
+    PUBLISHED[:] = [server_args, role, ranks]
+
+
+def get_device():
+    return types.SimpleNamespace(device="cpu", gpu_id=PUBLISHED[2].gpu_id)
+
+
+def init_parallel_runtime(*, server_args, device, dist_port):
+    assert PUBLISHED[0] is server_args
+    PARALLEL.append("init_parallel_runtime")
+
+
+def init_layer_runtime(*, model_config):
+    PARALLEL.append("init_layer_runtime")
+
+
 MODULES = {
-    "sglang": {"__version__": SGLANG_VERSION},  # the supported version; signatures stay 0.5.14's
+    "sglang": {"__version__": SGLANG_VERSION},
     "sglang.srt": {},
     "sglang.srt.configs": {},
     "sglang.srt.configs.model_config": {"ModelConfig": ModelConfig},
@@ -194,7 +229,11 @@ MODULES = {
     "sglang.srt.managers.schedule_batch": {"Req": Req, "ScheduleBatch": ScheduleBatch},
     "sglang.srt.mem_cache": {},
     "sglang.srt.mem_cache.cache_init_params": {"CacheInitParams": CacheInitParams},
-    "sglang.srt.mem_cache.chunk_cache": {"ChunkCache": ChunkCache},
+    "sglang.srt.mem_cache.radix_cache": {"RadixCache": RadixCache},
+    "sglang.srt.runtime_context": {"SpawnRanks": SpawnRanks, "get_device": get_device, "publish": publish},
+    "sglang.srt.distributed": {},
+    "sglang.srt.distributed.bootstrap": {"init_parallel_runtime": init_parallel_runtime,
+                                         "init_layer_runtime": init_layer_runtime},
     "sglang.srt.sampling": {},
     "sglang.srt.sampling.sampling_params": {"SamplingParams": SamplingParams},
     "sglang.srt.speculative": {},
@@ -205,6 +244,8 @@ MODULES = {
 def install(monkeypatch) -> None:
     """Put the stand-in modules in ``sys.modules`` for one test."""
     CALLS.clear()
+    PARALLEL.clear()
+    PUBLISHED[:] = [None, None, None]
     monkeypatch.setattr(ServerArgs, "RESOLVED", {})
     monkeypatch.setattr(ModelRunner, "GPU_TOKENS", 1 << 20)
     for name, attrs in MODULES.items():

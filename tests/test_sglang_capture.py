@@ -1,7 +1,8 @@
 """SGLang extraction without a GPU: the capture's pure parts against stand-in modules, and the
 tensor-parallel job (torchrun, rank 0 writing) with a transformers-backed capture per rank.
 
-What only a GPU box with ``sglang==0.5.14`` can prove is listed in
+The capture on SGLang 0.5.23's real ModelRunner (one CPU rank) is tests/test_sglang_capture_real.py;
+what only a GPU box or several ranks can prove is listed in
 ``eagle3_assets.hidden_states.sglang_capture.UNVERIFIED``. Scale: Kimi-K2.5 runs this job
 with 8 ranks (TP8), 16k-token batches and 61 layers; here 2 ranks, 30 layers, 6 short rows.
 """
@@ -126,7 +127,9 @@ def test_capture_head_replaces_every_logits_processor():
 
 
 def test_sglang_capture_drives_the_runner_as_sglang_expects(monkeypatch):
-    """SGLangCapture against stand-ins for the sglang names it imports (0.5.14 signatures)."""
+    """SGLangCapture against stand-ins for the sglang names it imports (0.5.23 signatures): a second
+    rank's placement is published before the runner is built (the real runner on one CPU rank is
+    tests/test_sglang_capture_real.py), and the pools are freed after a failed forward."""
     from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
     from tests import fake_sglang
 
@@ -136,7 +139,7 @@ def test_sglang_capture_drives_the_runner_as_sglang_expects(monkeypatch):
     (_, server), (_, runner) = fake_sglang.CALLS
     assert server["disable_radix_cache"] and server["chunked_prefill_size"] == -1 and server["mem_fraction_static"] == 0.8
     assert cap.pool_tokens == 64 and cap.runner.max_total_num_tokens == 64
-    assert runner == {"tp_rank": 1, "tp_size": 2, "gpu_id": 1}
+    assert runner == {"world_rank": 1, "gpu_id": 1, "parallel": ["init_parallel_runtime", "init_layer_runtime"]}
     assert cap.runner.setup == ["alloc_memory_pool", "init_attention_backends", "init_cuda_graphs"]
     assert cap.layers_to_capture == [1, 3, 4]
 

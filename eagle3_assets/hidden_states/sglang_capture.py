@@ -1,8 +1,9 @@
 """EAGLE-3 features from SGLang's own model code: a ``ModelRunner`` per tensor-parallel rank.
 
 This is the only module that imports ``sglang`` in-process (the version the project supports is
-``engines.SGLANG_VERSION``; the signatures below were read in 0.5.14, the version SpecForge's offline
-capture is written against, and are not yet run against a real ``ModelRunner``). Per rank it builds SGLang's
+``engines.SGLANG_VERSION``, 0.5.23; the signatures below are 0.5.23's and run on its real
+``ModelRunner``). Per rank it publishes SGLang's process configuration (``publish`` with the
+rank's ``SpawnRanks``, as SGLang's scheduler entry does), builds the parallel runtime, then SGLang's
 ``ModelRunner`` for the target (radix cache off, chunked prefill off, CUDA graphs off: a
 prefill-only pass over exact ids), asks the model for the aux layers through
 ``set_eagle3_layers_to_capture``, and replaces every ``LogitsProcessor`` with
@@ -11,11 +12,9 @@ every token instead of computing logits. A batch is a hand-built ``ScheduleBatch
 ``Req`` objects in extend mode with ``CaptureHiddenMode.FULL``; every rank runs the same
 forward (the tensor-parallel collectives need them all) and gets the same full-width states.
 
-Nothing here can run without a GPU and an SGLang install: the pure parts
-(:func:`capture_server_args`, :func:`set_capture_layers`, :func:`replace_logits_processors`,
-:class:`CaptureHead`) are tested with stand-in modules, :class:`SGLangCapture` against
-stand-ins for the SGLang names it imports (0.5.14's signatures), and what stays unproven is
-listed in ``UNVERIFIED``.
+Run for real on this CPU (one rank, SmolLM2, SGLang's CPU engine): states equal to the local
+extractor's token for token (``tests/test_sglang_capture_real.py``). What only a GPU or several
+ranks can show is tested with stand-ins (``tests/fake_sglang.py``) and listed in ``UNVERIFIED``.
 """
 
 from __future__ import annotations
@@ -78,32 +77,18 @@ def refuse_breaking(args, where: str) -> None:
         reasons = "; ".join(f"{k}: {BREAKS_CAPTURE[k]}" for k in bad)
         raise ValueError(f"{where} turn on what breaks a hidden-state capture ({reasons}); leave them off")
 
-# What the SGLang path relies on that could not be executed here (no GPU, no sglang).
+# What the SGLang path relies on that has not run here (one CPU rank, a Llama target, SGLang's CPU engine).
 UNVERIFIED = [
-    f"sglang=={SGLANG_VERSION}: ServerArgs(**capture_server_args(...)) validates; ModelConfig.from_server_args, then "
-    "ModelRunner(model_config=, mem_fraction_static=, gpu_id=, tp_rank=, tp_size=, moe_ep_rank=, moe_ep_size=, "
-    "pp_rank=0, pp_size=1, nccl_port=, server_args=) loads the weights (signatures read in the 0.5.14 source).",
-    "With torch.distributed already initialised by torchrun (env://, world == tp_size), ModelRunner's "
-    "init_distributed_environment skips init_process_group and builds SGLang's world and TP groups on top "
-    "(read in parallel_state.py: it checks torch.distributed.is_initialized()).",
-    "runner.alloc_memory_pool(), init_attention_backends(), init_cuda_graphs() is the complete set-up after __init__ "
-    "(EagerRunner is built in init_cuda_graphs; with disable_cuda_graph no graph is captured).",
-    "Req(rid, origin_input_text='', origin_input_ids=array('q', ids), sampling_params) + init_next_round_input(None) "
-    "+ fill_len = len(ids), then ScheduleBatch.init_new(..., tree_cache=ChunkCache(...), enable_overlap=False, "
-    "spec_algorithm=NONE).prepare_for_extend() builds one extend batch of exactly those ids (no BOS added).",
-    "batch.capture_hidden_mode = FULL before ForwardBatch.init_new reaches the model's logits processor call as "
-    "forward_batch, and the model passes (input_ids, post-norm hidden_states [N, H], lm_head, forward_batch, "
-    "aux_hidden_states list) to it (read in models/llama.py and models/deepseek_v2.py).",
+    "With torch.distributed already initialised by torchrun (env://, world == tp_size), "
+    "bootstrap.init_parallel_runtime builds SGLang's world and TP groups on top of it instead of opening its own "
+    "tcp:// rendezvous on nccl_port (SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE=env:// may be needed).",
     "Under plain tensor parallelism (no DP attention) hidden_states and the aux states are replicated full-width on "
     "every rank, so rank 0's copy is the whole answer.",
-    "The object CaptureHead returns passes through ModelRunner.forward unchanged as output.logits_output (no "
-    "post-processing touches next_token_logits in extend mode without MLP sync).",
-    "ServerArgs.__post_init__ resolves page_size (64 where DeepSeek/Kimi pick trtllm_mla on sm100, 1 for fa3 on H200) "
-    "and leaves max_total_tokens settable before ModelRunner reads it; after alloc_memory_pool, "
-    "runner.max_total_num_tokens is the pool actually allocated (capped by GPU memory, floored to pages).",
-    "layers_to_capture indices mean 'the residual stream entering layer i' (hidden + residual before layer i) in "
-    "the models used; set_capture_layers forces [k + 1 for k in ids] after the model's own setter, whose +1 rule "
-    "differs between llama.py (always) and deepseek_v2.py (only when ids[0] == 1) in 0.5.14.",
+    "ServerArgs resolves page_size (64 where DeepSeek/Kimi pick trtllm_mla on sm100, 1 for fa3 on H200); after "
+    "alloc_memory_pool, runner.max_total_num_tokens is the pool actually allocated (capped by GPU memory, floored "
+    "to pages). On the CPU the page is 1 and the pool is the one planned.",
+    "layers_to_capture indices mean 'the residual stream entering layer i' in the MLA models too (deepseek_v2.py's "
+    "setter applies its +1 only when ids[0] == 1; set_capture_layers forces [k + 1 for k in ids]). Shown for Llama.",
 ]
 
 
@@ -206,8 +191,10 @@ class SGLangCapture:
                  trust_remote_code: bool = False, server_args: dict | None = None, nccl_port: int = 0):
         import sglang
         from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.distributed import bootstrap
         from sglang.srt.layers.logits_processor import LogitsProcessor
         from sglang.srt.model_executor.model_runner import ModelRunner
+        from sglang.srt.runtime_context import SpawnRanks, get_device, publish
         from sglang.srt.server_args import ServerArgs
 
         from eagle3_assets.target.engines import check_version, require_supported_sglang
@@ -229,11 +216,13 @@ class SGLangCapture:
         model_config = ModelConfig.from_server_args(args)
         hf_config = getattr(model_config, "hf_config", None)
         check_version("sglang", sglang.__version__, "eagle3", hf_config.to_dict() if hf_config is not None else {})
-        self.runner = ModelRunner(
-            model_config=model_config, mem_fraction_static=args.mem_fraction_static,
-            gpu_id=gpu_id, tp_rank=tp_rank, tp_size=tp_size, moe_ep_rank=tp_rank // (tp_size // args.ep_size),
-            moe_ep_size=args.ep_size, pp_rank=0, pp_size=1, nccl_port=nccl_port, server_args=args,
-        )
+        # 0.5.23: ranks and settings come from the configuration the process entry publishes (as
+        # SGLang's scheduler does), not from the runner's arguments.
+        publish(args, role="scheduler", ranks=SpawnRanks(world_rank=tp_rank, dp_rank=None, gpu_id=gpu_id))
+        bootstrap.init_parallel_runtime(server_args=args, device=get_device().device, dist_port=nccl_port)
+        bootstrap.init_layer_runtime(model_config=model_config)
+        self.runner = ModelRunner(model_config=model_config, mem_fraction_static=args.mem_fraction_static,
+                                  gpu_id=gpu_id, nccl_port=nccl_port, server_args=args)
         self.runner.alloc_memory_pool()
         allocated = int(getattr(self.runner, "max_total_num_tokens", args.max_total_tokens))
         if allocated < self.pool_tokens:  # SGLang caps the pool at what the GPUs' memory leaves
@@ -255,7 +244,7 @@ class SGLangCapture:
 
         from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-        from sglang.srt.mem_cache.chunk_cache import ChunkCache
+        from sglang.srt.mem_cache.radix_cache import RadixCache
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
         from sglang.srt.sampling.sampling_params import SamplingParams
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -266,11 +255,11 @@ class SGLangCapture:
             req = Req(rid=f"capture-{i}", origin_input_text="", origin_input_ids=array("q", row),
                       sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0))
             req.init_next_round_input(None)
-            req.fill_len = len(row)
+            req.extend_end = len(row)  # no prefix: the whole row is extended in this pass
             reqs.append(req)
-        cache = ChunkCache(CacheInitParams(disable=True, req_to_token_pool=runner.req_to_token_pool,
+        cache = RadixCache(CacheInitParams(disable=True, req_to_token_pool=runner.req_to_token_pool,
                                            token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
-                                           page_size=runner.server_args.page_size))
+                                           page_size=runner.page_size))
         try:
             batch = ScheduleBatch.init_new(reqs=reqs, req_to_token_pool=runner.req_to_token_pool,
                                            token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
@@ -281,7 +270,9 @@ class SGLangCapture:
                 batch.input_ids = batch.prefill_input_ids_cpu.to(batch.device, non_blocking=True)
                 batch.prefill_input_ids_cpu = None
             batch.capture_hidden_mode = CaptureHiddenMode.FULL
-            out = runner.forward(ForwardBatch.init_new(batch, runner)).logits_output
+            fb = ForwardBatch.init_new(batch, runner, capture_hidden_mode=CaptureHiddenMode.FULL,
+                                       return_hidden_states_before_norm=False)
+            out = runner.forward(fb).logits_output
             if not isinstance(out, CapturedStates):
                 raise RuntimeError(f"SGLang's forward returned {type(out).__name__}, not the captured states")
             return out.aux, out.last
