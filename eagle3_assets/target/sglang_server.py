@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3_assets.target.engines import EngineVersionError, require_supported_sglang
-from eagle3_assets.target.processes import free_port, log_tail, stop_group
+from eagle3_assets.target.processes import ServerProcess, free_port
 from eagle3_assets.target.vllm_server import PACKAGE_PARENT
 
 
@@ -56,7 +56,7 @@ def check_supported(python: str) -> str:
 
 
 @dataclass
-class SGLangServer:
+class SGLangServer(ServerProcess):
     """One ``sglang.launch_server`` process. Use as a context manager, or ``start()`` / ``stop()``.
 
     The defaults are those that start on a 2-core CPU: float32 (greedy output equal to the project's
@@ -76,6 +76,9 @@ class SGLangServer:
     workdir: Path | str | None = None  # private caches and the log; default a new temp folder
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _own_workdir: bool = field(default=False, init=False, repr=False)
+    engine = "SGLang"
+    error = SGLangServerError
+    ready_probe_timeout_s = 60.0
 
     def __post_init__(self):
         self.python = self.python or default_python()
@@ -128,49 +131,8 @@ class SGLangServer:
                                           env=self.environment(), cwd=str(self.workdir), start_new_session=True)
         return self
 
-    def log_tail(self, lines: int = 40) -> str:
-        return log_tail(self.log_path, lines)
-
-    def wait_ready(self, timeout_s: float = 1800.0) -> SGLangServer:
-        """Until ``GET /health_generate`` answers 200 (a real one-token generation; about 60-80 s from start
-        on 2 idle cores); the generous default survives a slow, shared machine."""
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self._proc is None or self._proc.poll() is not None:
-                code = None if self._proc is None else self._proc.returncode
-                raise SGLangServerError(f"the SGLang server exited ({code}) before it was ready; "
-                                        f"last lines of {self.log_path}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.base_url + "/health_generate", timeout=60.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise SGLangServerError(f"the SGLang server was not ready after {timeout_s:.0f} s; "
-                                        f"last lines of its log:\n{self.log_tail()}")
-            time.sleep(1.0)
-
-    def stop(self, grace_s: float = 60.0) -> None:
-        proc, self._proc = self._proc, None
-        stop_group(proc, grace_s)
-        if self._own_workdir and self.workdir is not None:
-            import shutil
-
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> SGLangServer:
-        self.start()
-        try:
-            return self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def ready_url(self) -> str:
+        return self.base_url + "/health_generate"  # a real one-token generation: 60-80 s from start on 2 idle cores
 
 
 def main(argv: Sequence[str] | None = None) -> int:

