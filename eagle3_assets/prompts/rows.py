@@ -36,6 +36,7 @@ SHAREGPT_ROLES = {
 }
 CHAT_ROLES = {"system", "user", "assistant", "tool"}
 ROLE_ALIASES = {"developer": "system", "function": "tool"}  # OpenAI's newer name for system; its legacy result role
+REASONING_KEYS = ("reasoning_content", "reasoning", "thought", "thinking")  # OpenAI/vLLM, OpenRouter, ShareGPT variants
 LAST_ROLES = ("user", "tool")  # what a prompt may end with: the target answers either
 TEXT_PART_TYPES = ("text", "input_text")
 PART_SEPARATOR = "\n"
@@ -116,19 +117,53 @@ def _turns(raw, where: str, speaker_key: str, text_key: str, shape: str) -> list
                 out.append({"role": "assistant", "content": "", "tool_calls": calls})
         elif role == "tool":
             content = result_text(m.get(tkey), f"{at}.{tkey}")
-            msg = {"role": "tool", "tool_call_id": ledger.answer(m.get("tool_call_id"), f"{at}.tool_call_id"),
-                   "content": content}
-            if isinstance(m.get("name"), str) and m["name"]:
-                msg["name"] = m["name"]
+            call_id = ledger.answer(m.get("tool_call_id"), f"{at}.tool_call_id")
+            msg = {"role": "tool", "tool_call_id": call_id, "content": content}
+            # named after the function whose call it answers, as Kimi's template renders results
+            name = m.get("name") if isinstance(m.get("name"), str) and m["name"] else ledger.ids.get(call_id)
+            if name:
+                msg["name"] = name
             out.append(msg)
         elif role == "assistant" and (m.get("tool_calls") or m.get("function_call")):
             content = m.get(tkey)
             calls = m.get("tool_calls") or m["function_call"]  # function_call: OpenAI's legacy single call
-            out.append({"role": "assistant", "content": "" if content is None else content_text(content, f"{at}.{tkey}"),
-                        "tool_calls": ledger.calls_of(calls, f"{at}.tool_calls")})
+            out.append(_with_reasoning(
+                {"role": "assistant", "content": "" if content is None else content_text(content, f"{at}.{tkey}"),
+                 "tool_calls": ledger.calls_of(calls, f"{at}.tool_calls")}, m, at))
+        elif role == "assistant":
+            out.append(_with_reasoning({"role": role, "content": content_text(m.get(tkey), f"{at}.{tkey}")}, m, at))
         else:
             out.append({"role": role, "content": content_text(m.get(tkey), f"{at}.{tkey}")})
     return out
+
+
+def reasoning_of(m: dict, where: str) -> str | None:
+    """An assistant turn's reasoning, from whichever field its format keeps it in: ``reasoning_content``
+    (OpenAI-compatible servers, Moonshot), ``reasoning`` or ``reasoning_details`` (OpenRouter), or a
+    ShareGPT thought field (``thought``/``thinking``)."""
+    for key in REASONING_KEYS:
+        value = m.get(key)
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str):
+            raise RowError(f"{where}.{key}", f"must be text, got {_kind(value)}", "reasoning is not text")
+        return value
+    details = m.get("reasoning_details")
+    if details:
+        if not isinstance(details, list) or not all(isinstance(d, dict) for d in details):
+            raise RowError(f"{where}.reasoning_details", "must be a list of {type, text} objects",
+                           "reasoning is not text")
+        text = "".join(d.get("text") or d.get("summary") or "" for d in details
+                       if d.get("type") != "reasoning.encrypted")
+        return text or None
+    return None
+
+
+def _with_reasoning(msg: dict, m: dict, where: str) -> dict:
+    reasoning = reasoning_of(m, where)
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    return msg
 
 
 def _from_columns(row: dict, cols: ColumnMap) -> tuple[list[dict], str]:
