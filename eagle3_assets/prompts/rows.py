@@ -52,6 +52,7 @@ class Prompt:
     prompt_tokens: int | None = None  # rendered with the target's chat template, when measured
     truncated: bool = False  # the last user turn was shortened to fit the target's context
     dropped_replies: int = 0  # final assistant turns left out (final_assistant: drop); not stored
+    conversation: list[dict] | None = None  # the whole conversation, replies included (per-turn reading); not stored
 
 
 def content_hash_id(messages: list[dict], tools: list[dict] | None = None) -> str:
@@ -188,8 +189,10 @@ def _system_from_column(row: dict, cols: ColumnMap, messages: list[dict]) -> lis
     return [{"role": "system", "content": value}, *messages]
 
 
-def parse_row(row: dict, number: int, cols: ColumnMap | None = None, *, drop_final_assistant: bool = False) -> Prompt:
-    """One row as a :class:`Prompt`, or :class:`RowError` naming the field."""
+def parse_row(row: dict, number: int, cols: ColumnMap | None = None, *, drop_final_assistant: bool = False,
+              keep_conversation: bool = False) -> Prompt:
+    """One row as a :class:`Prompt`, or :class:`RowError` naming the field; ``keep_conversation``
+    also keeps the whole conversation (final replies included) for per-turn prompts."""
     cols = cols or ColumnMap()
     tools = read_tools(row.get(cols.tools), cols.tools)
     if cols.user:
@@ -212,8 +215,8 @@ def parse_row(row: dict, number: int, cols: ColumnMap | None = None, *, drop_fin
                                           "(ShareGPT) nor glaive's 'system' and 'chat'; name your columns with --map",
                            "no messages")
         last_field = None
-    dropped = 0
-    if drop_final_assistant:
+    dropped, whole = 0, messages
+    if drop_final_assistant or keep_conversation:
         while messages and messages[-1]["role"] == "assistant":
             messages, dropped = messages[:-1], dropped + 1
         if not messages:
@@ -228,9 +231,9 @@ def parse_row(row: dict, number: int, cols: ColumnMap | None = None, *, drop_fin
     if messages[-1]["role"] == "user" and not messages[-1]["content"].strip():
         raise RowError(last_field, "the last user turn is empty", "empty user turn")
     if cols.system:
-        messages = _system_from_column(row, cols, messages)
+        messages, whole = _system_from_column(row, cols, messages), _system_from_column(row, cols, whole)
     return Prompt(prompt_id=_prompt_id(row.get(cols.id), messages, tools, cols.id), messages=messages, line=number,
-                  tools=tools, dropped_replies=dropped)
+                  tools=tools, dropped_replies=dropped, conversation=whole if keep_conversation else None)
 
 
 def _prompt_id(pid, messages: list[dict], tools: list[dict] | None, field: str) -> str:
