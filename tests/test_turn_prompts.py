@@ -4,6 +4,7 @@ it), so the target makes its own call at every call point and its own answer aft
 import json
 
 import dagster as dg
+import polars as pl
 import pytest
 
 from eagle3_assets.corpus.merge import eval_side
@@ -27,6 +28,13 @@ GLAIVE = [  # 3 replies (call, answer, answer); a plain question; a reply to not
                                "ASSISTANT: You're welcome. <|endoftext|>"},
     {"system": SYSTEM, "chat": "USER: Weather in Oslo?"},
 ]
+PARALLEL = {"id": "trace", "tools": [{"type": "function", "function": WEATHER}], "messages": [
+    {"role": "user", "content": "Oslo and Lima?"},
+    {"role": "assistant", "content": None, "reasoning_content": "two cities, two calls", "tool_calls": [
+        {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+        {"id": "call_b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Lima"}'}}]},
+    {"role": "tool", "tool_call_id": "call_b", "content": "sun"}, {"role": "tool", "tool_call_id": "call_a", "content": "snow"},
+    {"role": "assistant", "content": "Snow in Oslo, sun in Lima."}]}
 
 
 def test_each_assistant_turn_becomes_a_prompt(tmp_path):
@@ -63,20 +71,27 @@ def test_turn_prompts_through_generation(layout, kimi_mini_dir):
     from eagle3_assets.tokens.tokenizer import TargetTokenizer
 
     dataset = "glaive_turns"
-    write_jsonl(layout.prompt_source(dataset), GLAIVE)
+    write_jsonl(layout.prompt_source(dataset), [*GLAIVE, PARALLEL])
     ReadOptions(prompt_per_assistant_turn=True).save(layout.prompt_read_options(dataset))
     model = EmbeddedModel(kimi_mini_dir, tokenizer=TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True))
     with serve_in_thread(SGLangApp(ModelGenerator(model))) as sgl, dg.instance_for_test() as instance:
         res = {"target": TargetResource(model="kimi-mini"), "sglang": SGLangResource(base_urls=[sgl.url])}
-        result = run_dataset(instance, dataset, resources=res, selection=["prompts", "raw_responses"],
+        result = run_dataset(instance, dataset, resources=res, selection=["prompts", "raw_responses", "token_ids"],
                              run_config=small_run_config(backend="sglang", max_new_tokens=8))
         assert result.success
         again = run_dataset(instance, dataset, resources=res, selection=["raw_responses"],
                             run_config=small_run_config(backend="sglang", max_new_tokens=8))
         assert again.success
     meta = result.asset_materializations_for_node("prompts")[0].metadata
-    assert (meta["rows"].value, meta["conversations"].value, meta["prompts_per_conversation_mean"].value) == (4, 2, 2.0)
+    assert (meta["rows"].value, meta["conversations"].value, meta["prompts_per_conversation_mean"].value) == (6, 3, 2.0)
     table = {p.prompt_id: p for p in read_prompt_table(layout.prompt_table(dataset))}
     responses = ResponseStore(layout.responses_dir(dataset)).rows()
-    assert len(responses) == 4 and {r["prompt_id"] for r in responses} == set(table)  # resume: nothing twice
-    assert len({r["sample_id"] for r in responses}) == 4
+    assert len(responses) == 6 and {r["prompt_id"] for r in responses} == set(table)  # resume: nothing twice
+    assert len({r["sample_id"] for r in responses}) == 6
+    # the parallel calls' answer: both calls in one section, its reasoning, each result named
+    after = table["trace@turn1"]
+    text = model.target_tokenizer.decode(model.target_tokenizer.render_prompt(after.messages, tools=after.tools))
+    assert "<think>two cities, two calls</think><|tool_calls_section_begin|>" in text
+    assert text.count("<|tool_call_begin|>") == 2 and text.count("<|im_system|>get_weather<|im_middle|>") == 2
+    tokens = pl.read_parquet(layout.tokens(dataset))
+    assert tokens.height == 6 and set(tokens["prompt_id"]) == set(table)
