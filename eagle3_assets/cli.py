@@ -35,7 +35,8 @@ def cmd_add_dataset(args) -> int:
     name = check_dataset_name(args.name or prompt_file_dataset(src))
     options = ReadOptions(columns=parse_column_map(args.map or []), skip_invalid_rows=args.skip_invalid,
                           final_assistant="drop" if args.drop_final_assistant else "refuse",
-                          tools_in_system_turn=args.tools_in_system_turn)
+                          tools_in_system_turn=args.tools_in_system_turn,
+                          prompt_per_assistant_turn=args.prompt_per_assistant_turn)
     reader = PromptReader(src, options)
     last = time.monotonic()
     for _ in reader:  # validation only: nothing is kept, so a 10 GB file needs no memory
@@ -57,6 +58,8 @@ def cmd_add_dataset(args) -> int:
         print("skipped bad rows (the prompts asset skips them too):\n" + reader.log.summary(reader.rows, hint=""),
               file=sys.stderr)
     dropped = f", {reader.final_assistant_dropped} final assistant turns dropped" if reader.final_assistant_dropped else ""
+    if reader.conversations != reader.accepted:
+        dropped += f", from {reader.conversations} conversations"
     print(f"dataset {name!r}: {reader.accepted} prompts ({reader.skipped} bad rows skipped{dropped}) -> {dst}; "
           f"partition added")
     return 0
@@ -267,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                         "conversations=COL, tools=COL, chat=COL (glaive's text; repeat or comma-separate)")
     p.add_argument("--drop-final-assistant", action="store_true",
                    help="a conversation ending with the assistant's reply becomes the prompt for that reply")
+    p.add_argument("--prompt-per-assistant-turn", action="store_true",
+                   help="a prompt for every assistant turn of a conversation (the prefix before it), not only its last")
     p.add_argument("--tools-in-system-turn", action="store_true",
                    help="for a target whose chat template renders no tools: write them into the system turn")
     p.add_argument("--force", action="store_true", help="replace the dataset's prompt file")

@@ -71,6 +71,7 @@ def test_override_defaults_sorted_tools_and_json_fallback(kimi):
     msgs = [{"role": "user", "content": "Weather?"}]
     text = kimi.tokenizer.apply_chat_template(msgs, tools=[WEATHER])  # K2.5's defaults: text, generation prompt
     assert text == ("<|im_system|>tool_declare<|im_middle|>" + WEATHER_TS + "<|im_end|>"
+                    "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
                     "<|im_user|>user<|im_middle|>Weather?<|im_end|><|im_assistant|>assistant<|im_middle|><think>")
     # a schema the encoder cannot write: the template's compact JSON, keys deep-sorted by the override
     odd = {"type": "function", "function": {"parameters": {"properties": {"x": {"description": "no type"}},

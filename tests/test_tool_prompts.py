@@ -44,7 +44,8 @@ def test_glaive_rows_are_detected_and_read(tmp_path):
         {"role": "assistant", "content": "", "tool_calls": [{"id": "functions.get_weather:0", "type": "function",
                                                              "function": {"name": "get_weather",
                                                                           "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": '{"sky": "clear"}'},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": '{"sky": "clear"}',
+         "name": "get_weather"},  # named after the call it answers
         {"role": "assistant", "content": "It is clear in Paris."},
         {"role": "user", "content": "And the time?"}]
     assert plain.tools is None and plain.messages == [
@@ -79,7 +80,8 @@ def test_sharegpt_tool_turns_and_tools_columns(tmp_path):
     assert lf.messages[1] == {"role": "assistant", "content": "", "tool_calls": [
         {"id": "functions.get_weather:0", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}
-    assert lf.messages[2] == {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "snow"}
+    assert lf.messages[2] == {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "snow",
+                              "name": "get_weather"}
     chatml = read_prompt_file(path, options=ReadOptions(columns=ColumnMap(tools="function_description"))).prompts[1]
     assert [t["function"]["name"] for t in chatml.tools] == ["get_weather", "get_time"]
     assert chatml.messages[1]["content"] == "Let me check."
@@ -107,7 +109,9 @@ def test_openai_tool_rows_keep_their_structure(tmp_path):
     assert [c["id"] for c in a.messages[1]["tool_calls"]] == ["call_1", "functions.get_time:1"]
     assert a.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"city":"Paris"}'  # the model's text, kept
     assert a.messages[1]["tool_calls"][1]["function"]["arguments"] == "{}"
-    assert a.messages[3] == {"role": "tool", "tool_call_id": "functions.get_time:1", "content": '{"time": "noon"}'}
+    assert a.messages[3] == {"role": "tool", "tool_call_id": "functions.get_time:1", "content": '{"time": "noon"}',
+                             "name": "get_time"}
+    assert a.messages[2]["name"] == "get_weather"  # each result named after the call it answers (call_1)
     assert legacy.messages[2] == {"role": "tool", "tool_call_id": "functions.get_time:0", "content": "noon",
                                   "name": "get_time"}
 

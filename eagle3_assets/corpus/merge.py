@@ -2,7 +2,8 @@
 
 Native ids win over re-tokenized ones for the same sample. Rows that failed or hold no
 assistant tokens are dropped and counted. The train/eval split hashes the *prompt* id, so
-every sample of a prompt lands on the same side and the split never changes as data grows.
+every sample of a prompt lands on the same side and the split never changes as data grows; the
+per-assistant-turn prompts of one conversation hash its id, so they land on one side too.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from eagle3_assets.prompts.turns import conversation_id
+
 FAILED_REASONS = ("error", "abort", "cancelled")
 
 
 def eval_side(prompt_id: str, eval_fraction: float) -> bool:
-    h = int.from_bytes(hashlib.sha256(prompt_id.encode("utf-8")).digest()[:8], "big")
+    h = int.from_bytes(hashlib.sha256(conversation_id(prompt_id).encode("utf-8")).digest()[:8], "big")
     return h / 2**64 < eval_fraction
 
 

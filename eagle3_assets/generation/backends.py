@@ -214,6 +214,18 @@ class SGLangBackend:
         return {}
 
 
+def openrouter_messages(messages: list[dict]) -> list[dict]:
+    """The history as OpenRouter takes it back: an assistant turn's reasoning in ``reasoning``
+    (OpenRouter's field; it hands it to the provider in the provider's own, e.g. Moonshot's
+    ``reasoning_content``), so a thinking model's tool-call turns are not refused for lacking it."""
+    out = []
+    for m in messages:
+        if m.get("role") == "assistant" and m.get("reasoning_content"):
+            m = {k: v for k, v in m.items() if k != "reasoning_content"} | {"reasoning": m["reasoning_content"]}
+        out.append(m)
+    return out
+
+
 class OpenRouterBackend:
     """OpenRouter chat completions (non-streaming).
 
@@ -263,7 +275,7 @@ class OpenRouterBackend:
         return h
 
     def prepare(self, req: SampleRequest, *, max_tokens: int, sampling: SamplingSettings) -> Prepared:
-        payload = {"model": self.model, "messages": req.messages, "max_tokens": max_tokens,
+        payload = {"model": self.model, "messages": openrouter_messages(req.messages), "max_tokens": max_tokens,
                    "temperature": sampling.temperature, "top_p": sampling.top_p, "stream": False}
         if sampling.temperature > 0:
             payload["seed"] = sample_seed(sampling, req)

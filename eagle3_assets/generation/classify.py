@@ -71,6 +71,22 @@ def _error_message(err) -> str:
     return str(err)[:500] if err else ""
 
 
+MISSING_REASONING = "prompt_missing_history_reasoning"  # the prompt file's fault: a row, not the backend
+
+
+def names_missing_reasoning(message: str) -> bool:
+    """A 400 saying a history tool-call turn lacks its reasoning (Moonshot with thinking on:
+    "thinking is enabled but reasoning_content is missing in assistant tool call message")."""
+    low = message.lower()
+    return "reasoning" in low and ("missing" in low or "required" in low)
+
+
+def _client_error(reason: str, msg: str, status: int, ra=None) -> Outcome:
+    if names_missing_reasoning(msg):
+        return Outcome("fail", MISSING_REASONING, message=msg, status=status)
+    return Outcome("fail", reason, ra, message=msg, status=status)
+
+
 def classify(status: int, body, headers=None) -> Outcome:
     """Classify one HTTP reply by its status, an error object in a 200 body, and its finish reason.
 
@@ -103,7 +119,7 @@ def classify(status: int, body, headers=None) -> Outcome:
                 sub = classify(code, {"error": err})
                 return Outcome(sub.kind, sub.reason, ra or sub.retry_after, sub.cooldown, msg, status)
             if isinstance(code, int) and 400 <= code < 500 and code not in (408, 429):
-                return Outcome("fail", f"error_in_body_{code}", ra, message=msg, status=status)
+                return _client_error(f"error_in_body_{code}", msg, status, ra)
             return Outcome("retry", "error_in_body", ra, message=msg, status=status)
         choices = data.get("choices")
         if choices is not None:  # OpenAI / OpenRouter shape
@@ -149,7 +165,7 @@ def classify(status: int, body, headers=None) -> Outcome:
         return Outcome("retry", "http_408", ra, message=msg, status=status)
     if status >= 500:  # 500, 502, 503, 504, 524, 529 ...
         return Outcome("retry", f"http_{status}", ra, message=msg, status=status)
-    return Outcome("fail", f"http_{status}", message=msg, status=status)
+    return _client_error(f"http_{status}", msg, status)
 
 
 def classify_exception(exc: BaseException) -> Outcome:

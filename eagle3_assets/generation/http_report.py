@@ -64,6 +64,7 @@ class HttpGenerationReport(_Rates):
     lost_attempts: int = 0  # attempts that ended with no reply at all (timeouts, dropped connections)
     retries: Counter = field(default_factory=Counter)  # by reason
     errors_by_reason: Counter = field(default_factory=Counter)
+    prompts_missing_reasoning: list = field(default_factory=list)  # prompt ids refused for history reasoning
     finish_reasons: Counter = field(default_factory=Counter)
     flags: Counter = field(default_factory=Counter)  # e.g. prefix_repaired, prompt_tokens_mismatch
     left_by_budget: int = 0
@@ -115,6 +116,7 @@ class HttpGenerationReport(_Rates):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("retries", "errors_by_reason", "finish_reasons", "flags"):
             getattr(self, name).update(getattr(other, name))
+        self.prompts_missing_reasoning.extend(other.prompts_missing_reasoning)
 
     def summary(self) -> dict:
         """Flat, JSON-friendly figures (for Dagster metadata)."""
@@ -139,6 +141,12 @@ class HttpGenerationReport(_Rates):
             "budget_remaining": self.budget_remaining, "budget_overshoot": self.budget_overshoot,
             "backend_info": self.backend_info,
         }
+        if self.prompts_missing_reasoning:  # the prompt file's problem: these rows need their reasoning
+            ids = sorted(set(self.prompts_missing_reasoning))
+            out["prompt_file_problem"] = (
+                f"{len(ids)} prompt(s) refused by the backend because an assistant tool-call turn in their history "
+                "has no reasoning (thinking is on): give those turns reasoning_content (or reasoning), or turn "
+                f"thinking off; prompt ids: {', '.join(ids[:20])}" + (" ..." if len(ids) > 20 else ""))
         if self.dataset is not None:
             out["dataset"] = self.dataset
         return out

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from eagle3_assets.generation.admission import AdmissionPolicy, BudgetGate, LengthStats, Reservation
 from eagle3_assets.generation.budget import TokenBudget
+from eagle3_assets.generation.classify import MISSING_REASONING
 from eagle3_assets.generation.http_report import HttpGenerationReport
 from eagle3_assets.generation.response_store import JsonlAppender, ResponseStore, now_iso
 from eagle3_assets.generation.samples import SampleRequest
@@ -112,6 +113,8 @@ class Lane:
         reservation.release()
         self.report.errors += 1
         self.report.errors_by_reason[record["reason"]] += 1
+        if record["reason"] == MISSING_REASONING:  # the rows to fix in the prompt file, named
+            self.report.prompts_missing_reasoning.append(str(record.get("prompt_id")))
 
     def billed_without_row(self, req: SampleRequest, cost: float, reason: str, attempt: int) -> None:
         """A reply that cost money but left no row (retried, failed): recorded so the bill is whole."""

@@ -15,6 +15,7 @@ from eagle3_assets.prompts.context import ContextLimit
 from eagle3_assets.prompts.options import ReadOptions
 from eagle3_assets.prompts.problems import PromptFileError
 from eagle3_assets.prompts.reader import PromptReader
+from eagle3_assets.prompts.turns import prompts_per_conversation_rows
 from resources import DatasetSettings, StorageResource, TargetResource
 
 
@@ -93,6 +94,9 @@ def prompts(context: dg.AssetExecutionContext, config: PromptsConfig, storage: S
             "skipped": reader.skipped,
             "skipped_rows": md_table(reader.log.as_rows()),
             "final_assistant_dropped": reader.final_assistant_dropped,
+            "conversations": reader.conversations,
+            "prompts_per_conversation": md_table(prompts_per_conversation_rows(reader.prompts_per_conversation)),
+            "prompts_per_conversation_mean": round(reader.accepted / reader.conversations, 3) if reader.conversations else 0,
             "prompt_tokens_p50": lengths.get("p50", 0),
             "prompt_tokens_p95": lengths.get("p95", 0),
             "prompt_tokens_max": lengths.get("max", 0),

@@ -67,12 +67,53 @@ def chat_turns(chat: str, where: str) -> list[dict]:
         text = text.replace(END_OF_TEXT, "").strip()
         role = ROLES[marker]
         if role == "assistant" and CALL_MARK in text:
-            content, _, call = text.partition(CALL_MARK)
-            turns.append({"role": "assistant", "content": content.strip(),
-                          "tool_calls": call_from_text(call, f"{where}[{k}]")})
+            content, calls = _calls_in_turn(text, f"{where}[{k}]")
+            turns.append({"role": "assistant", "content": content, "tool_calls": calls})
         else:
             turns.append({"role": role, "content": text})
     return turns
+
+
+def _calls_in_turn(text: str, where: str) -> tuple[str, list]:
+    """(the turn's text, its calls): every ``<functioncall> {...}`` in it, the text around them kept
+    as the content (glaive writes a sentence after the call JSON now and then)."""
+    texts, calls = [], []
+    rest = text
+    while CALL_MARK in rest:
+        before, _, rest = rest.partition(CALL_MARK)
+        texts.append(before.strip())
+        end = call_object_end(rest)
+        found = call_from_text(rest[:end], where)
+        calls += found if isinstance(found, list) else [found]
+        rest = rest[end:]
+    texts.append(rest.strip())
+    return "\n".join(t for t in texts if t), calls
+
+
+def call_object_end(text: str) -> int:
+    """Where the call object at the start of ``text`` ends: braces counted outside strings, a
+    string opened by ``"`` or by glaive's ``'`` (after a colon), with backslash escapes. The whole
+    text when the braces never close (then the call is refused as not JSON)."""
+    depth, quote, i, prev = 0, None, 0, ""
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch == '"' or (ch == "'" and prev == ":"):
+            quote = ch
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        if not ch.isspace():
+            prev = ch
+        i += 1
+    return len(text)
 
 
 def call_from_text(value, where: str):
@@ -83,7 +124,9 @@ def call_from_text(value, where: str):
     try:
         values = json_values(text, where, BAD_ARGUMENTS)
     except RowError:
-        fixed = QUOTED_ARGUMENTS.sub(lambda m: m.group(1) + json.dumps(m.group(2)) + m.group(3), text)
+        # the arguments as a JSON string; glaive escapes apostrophes in them as \' (not a JSON escape)
+        fixed = QUOTED_ARGUMENTS.sub(lambda m: m.group(1) + json.dumps(m.group(2).replace("\\'", "'")) + m.group(3),
+                                     text)
         try:
             values = [json.loads(fixed)]
         except json.JSONDecodeError as e:

@@ -52,6 +52,8 @@ class ReadOptions(BaseModel):
     # "drop": a conversation that ends with the assistant's turn (ShareGPT and most chat dumps do)
     # becomes the prompt for that turn, whose reply the target regenerates; "refuse": a bad row.
     final_assistant: Literal["refuse", "drop"] = "refuse"
+    # a prompt for every assistant turn of a conversation (the prefix before it), not only its last
+    prompt_per_assistant_turn: bool = False
     skip_invalid_rows: bool = False  # skip and count bad rows instead of refusing the file
     # for a target whose chat template renders no tools (SmolLM2): write a row's declarations and calls
     # into its text (system turn, assistant turns) instead of refusing the row

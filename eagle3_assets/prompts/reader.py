@@ -9,6 +9,7 @@ ids seen so far are kept in memory, never the rows.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from eagle3_assets.prompts.options import ReadOptions
 from eagle3_assets.prompts.problems import ProblemLog, PromptFileError, RowError, RowProblem
 from eagle3_assets.prompts.rows import Prompt, content_hash_id, parse_row
 from eagle3_assets.prompts.sources import PromptSource
+from eagle3_assets.prompts.turns import assistant_turn_prompts
 
 __all__ = ["Prompt", "PromptFile", "PromptFileError", "PromptReader", "content_hash_id", "read_prompt_file"]
 
@@ -33,17 +35,21 @@ class PromptReader:
         self.rows = 0  # records read, bad ones included (blank lines are not records)
         self.accepted = 0
         self.final_assistant_dropped = 0
+        self.conversations = 0  # rows that gave at least one prompt
+        self.prompts_per_conversation: Counter = Counter()  # prompts a conversation gave -> conversations
         self._seen: dict[str, int] = {}
 
     def __iter__(self) -> Iterator[Prompt]:
         drop = self.options.final_assistant == "drop"
+        per_turn = self.options.prompt_per_assistant_turn
         for record in self.source.records():
             self.rows += 1
             if record.error is not None:
                 self._log(record.number, record.error)
                 continue
             try:
-                prompt = parse_row(record.row, record.number, self.options.columns, drop_final_assistant=drop)
+                prompt = parse_row(record.row, record.number, self.options.columns, drop_final_assistant=drop,
+                                   keep_conversation=per_turn)
             except RowError as e:
                 self._log(record.number, e)
                 continue
@@ -52,9 +58,14 @@ class PromptReader:
                 self._log(record.number, RowError(self.options.columns.id, f"duplicate prompt id {prompt.prompt_id!r} "
                                                   f"(first seen on {self.source.unit} {first})", "duplicate id"))
                 continue
-            self.final_assistant_dropped += prompt.dropped_replies > 0
-            self.accepted += 1
-            yield prompt
+            prompts = assistant_turn_prompts(prompt, prompt.conversation) if per_turn else [prompt]
+            self.final_assistant_dropped += prompt.dropped_replies > 0 and not per_turn
+            self.conversations += 1
+            self.prompts_per_conversation[len(prompts)] += 1
+            for p in prompts:
+                p.conversation = None
+                self.accepted += 1
+                yield p
 
     def reject(self, prompt: Prompt, field_name: str, reason: str, kind: str) -> None:
         """A prompt found unusable after reading (e.g. too long for the target): one more bad row."""

@@ -36,6 +36,7 @@ SHAREGPT_ROLES = {
 }
 CHAT_ROLES = {"system", "user", "assistant", "tool"}
 ROLE_ALIASES = {"developer": "system", "function": "tool"}  # OpenAI's newer name for system; its legacy result role
+REASONING_KEYS = ("reasoning_content", "reasoning", "thought", "thinking")  # OpenAI/vLLM, OpenRouter, ShareGPT variants
 LAST_ROLES = ("user", "tool")  # what a prompt may end with: the target answers either
 TEXT_PART_TYPES = ("text", "input_text")
 PART_SEPARATOR = "\n"
@@ -51,6 +52,7 @@ class Prompt:
     prompt_tokens: int | None = None  # rendered with the target's chat template, when measured
     truncated: bool = False  # the last user turn was shortened to fit the target's context
     dropped_replies: int = 0  # final assistant turns left out (final_assistant: drop); not stored
+    conversation: list[dict] | None = None  # the whole conversation, replies included (per-turn reading); not stored
 
 
 def content_hash_id(messages: list[dict], tools: list[dict] | None = None) -> str:
@@ -116,19 +118,53 @@ def _turns(raw, where: str, speaker_key: str, text_key: str, shape: str) -> list
                 out.append({"role": "assistant", "content": "", "tool_calls": calls})
         elif role == "tool":
             content = result_text(m.get(tkey), f"{at}.{tkey}")
-            msg = {"role": "tool", "tool_call_id": ledger.answer(m.get("tool_call_id"), f"{at}.tool_call_id"),
-                   "content": content}
-            if isinstance(m.get("name"), str) and m["name"]:
-                msg["name"] = m["name"]
+            call_id = ledger.answer(m.get("tool_call_id"), f"{at}.tool_call_id")
+            msg = {"role": "tool", "tool_call_id": call_id, "content": content}
+            # named after the function whose call it answers, as Kimi's template renders results
+            name = m.get("name") if isinstance(m.get("name"), str) and m["name"] else ledger.ids.get(call_id)
+            if name:
+                msg["name"] = name
             out.append(msg)
         elif role == "assistant" and (m.get("tool_calls") or m.get("function_call")):
             content = m.get(tkey)
             calls = m.get("tool_calls") or m["function_call"]  # function_call: OpenAI's legacy single call
-            out.append({"role": "assistant", "content": "" if content is None else content_text(content, f"{at}.{tkey}"),
-                        "tool_calls": ledger.calls_of(calls, f"{at}.tool_calls")})
+            out.append(_with_reasoning(
+                {"role": "assistant", "content": "" if content is None else content_text(content, f"{at}.{tkey}"),
+                 "tool_calls": ledger.calls_of(calls, f"{at}.tool_calls")}, m, at))
+        elif role == "assistant":
+            out.append(_with_reasoning({"role": role, "content": content_text(m.get(tkey), f"{at}.{tkey}")}, m, at))
         else:
             out.append({"role": role, "content": content_text(m.get(tkey), f"{at}.{tkey}")})
     return out
+
+
+def reasoning_of(m: dict, where: str) -> str | None:
+    """An assistant turn's reasoning, from whichever field its format keeps it in: ``reasoning_content``
+    (OpenAI-compatible servers, Moonshot), ``reasoning`` or ``reasoning_details`` (OpenRouter), or a
+    ShareGPT thought field (``thought``/``thinking``)."""
+    for key in REASONING_KEYS:
+        value = m.get(key)
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str):
+            raise RowError(f"{where}.{key}", f"must be text, got {_kind(value)}", "reasoning is not text")
+        return value
+    details = m.get("reasoning_details")
+    if details:
+        if not isinstance(details, list) or not all(isinstance(d, dict) for d in details):
+            raise RowError(f"{where}.reasoning_details", "must be a list of {type, text} objects",
+                           "reasoning is not text")
+        text = "".join(d.get("text") or d.get("summary") or "" for d in details
+                       if d.get("type") != "reasoning.encrypted")
+        return text or None
+    return None
+
+
+def _with_reasoning(msg: dict, m: dict, where: str) -> dict:
+    reasoning = reasoning_of(m, where)
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    return msg
 
 
 def _from_columns(row: dict, cols: ColumnMap) -> tuple[list[dict], str]:
@@ -153,8 +189,10 @@ def _system_from_column(row: dict, cols: ColumnMap, messages: list[dict]) -> lis
     return [{"role": "system", "content": value}, *messages]
 
 
-def parse_row(row: dict, number: int, cols: ColumnMap | None = None, *, drop_final_assistant: bool = False) -> Prompt:
-    """One row as a :class:`Prompt`, or :class:`RowError` naming the field."""
+def parse_row(row: dict, number: int, cols: ColumnMap | None = None, *, drop_final_assistant: bool = False,
+              keep_conversation: bool = False) -> Prompt:
+    """One row as a :class:`Prompt`, or :class:`RowError` naming the field; ``keep_conversation``
+    also keeps the whole conversation (final replies included) for per-turn prompts."""
     cols = cols or ColumnMap()
     tools = read_tools(row.get(cols.tools), cols.tools)
     if cols.user:
@@ -177,8 +215,8 @@ def parse_row(row: dict, number: int, cols: ColumnMap | None = None, *, drop_fin
                                           "(ShareGPT) nor glaive's 'system' and 'chat'; name your columns with --map",
                            "no messages")
         last_field = None
-    dropped = 0
-    if drop_final_assistant:
+    dropped, whole = 0, messages
+    if drop_final_assistant or keep_conversation:
         while messages and messages[-1]["role"] == "assistant":
             messages, dropped = messages[:-1], dropped + 1
         if not messages:
@@ -193,9 +231,9 @@ def parse_row(row: dict, number: int, cols: ColumnMap | None = None, *, drop_fin
     if messages[-1]["role"] == "user" and not messages[-1]["content"].strip():
         raise RowError(last_field, "the last user turn is empty", "empty user turn")
     if cols.system:
-        messages = _system_from_column(row, cols, messages)
+        messages, whole = _system_from_column(row, cols, messages), _system_from_column(row, cols, whole)
     return Prompt(prompt_id=_prompt_id(row.get(cols.id), messages, tools, cols.id), messages=messages, line=number,
-                  tools=tools, dropped_replies=dropped)
+                  tools=tools, dropped_replies=dropped, conversation=whole if keep_conversation else None)
 
 
 def _prompt_id(pid, messages: list[dict], tools: list[dict] | None, field: str) -> str:

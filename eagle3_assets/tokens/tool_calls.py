@@ -25,6 +25,8 @@ from eagle3_assets.tokens.vocab import SpecialTokenError, lookup_token_id
 KIMI_MARKERS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
                 "<|tool_call_argument_begin|>", "<|tool_call_end|>")
 KIMI_ID = re.compile(r"^functions\.(?P<name>.+):(?P<index>\d+)$")
+VLLM_ID = re.compile(r"^.+:\d+$")  # the header vLLM's kimi_k2 parser takes for a call (``_TOOL_ID_RE``)
+BARE_ID = re.compile(r"^(?P<name>[^.:]+):(?P<index>\d+)$")  # a provider's ``get_weather:0`` (Kimi's, unprefixed)
 PROBE_TOOL = {"type": "function", "function": {"name": "zq_probe_tool", "description": "probe",
                                                "parameters": {"type": "object", "properties": {}}}}
 
@@ -64,40 +66,72 @@ class KimiFormat:
 
     def split(self, tok, ids: list[int]) -> tuple[list[int], list[dict] | None]:
         """(the ids before the tool-call section, the calls in it); calls None when there is no
-        section, or when it is malformed (then it is not a call the template could write either)."""
+        section or no call can be read from it."""
+        head, calls, _ = self.split_counted(tok, ids)
+        return head, calls
+
+    def split_counted(self, tok, ids: list[int]) -> tuple[list[int], list[dict] | None, int]:
+        """:meth:`split` and the count of ids in the section that belong to no call (leftovers).
+
+        As lenient as vLLM's ``kimi_k2`` parser: ids between the markers (whitespace, stray text) are
+        skipped, a missing ``<|tool_calls_section_end|>`` ends the section at the reply's end, the
+        section end closes a call whose ``<|tool_call_end|>`` is missing, and a call header that is not
+        ``<name>:<index>`` (vLLM's id pattern) or has no arguments marker is no call. Leftovers are
+        the skipped ids that are not whitespace; the caller counts them."""
         if self.section_begin not in ids:
-            return ids, None
+            return ids, None, 0
         start = ids.index(self.section_begin)
         body = ids[start + 1:]
-        if self.section_end not in body:
-            return ids, None
-        body = body[:body.index(self.section_end)]
-        calls, i = [], 0
+        if self.section_end in body:
+            body = body[:body.index(self.section_end)]
+        calls, skipped, i = [], [], 0
         while i < len(body):
-            if body[i] != self.call_begin or self.argument_begin not in body[i:] or self.call_end not in body[i:]:
-                return ids, None
-            arg = body.index(self.argument_begin, i)
-            end = body.index(self.call_end, i)
-            if not i < arg < end:
-                return ids, None
-            cid = tok.decode(body[i + 1:arg]).strip()
-            m = KIMI_ID.match(cid)
-            name = m.group("name") if m else cid.split(":")[0].split(".")[-1]
-            calls.append({"id": cid, "type": "function", "function": {"name": name, "arguments": tok.decode(body[arg + 1:end])}})
-            i = end + 1
-        return ids[:start], calls
+            if body[i] != self.call_begin:
+                skipped.append(body[i])
+                i += 1
+                continue
+            nxt = next((j for j in range(i + 1, len(body)) if body[j] in (self.call_begin, self.call_end)), len(body))
+            closed = nxt < len(body) and body[nxt] == self.call_end
+            span = body[i + 1:nxt]
+            if self.argument_begin in span and (closed or nxt == len(body) and self.section_end in ids[start:]):
+                arg = span.index(self.argument_begin)
+                cid = tok.decode(span[:arg]).strip()
+                if VLLM_ID.match(cid):
+                    m = KIMI_ID.match(cid)
+                    name = m.group("name") if m else cid.rsplit(":", 1)[0].split(".")[-1]
+                    calls.append({"id": cid, "type": "function",
+                                  "function": {"name": name, "arguments": tok.decode(span[arg + 1:]) or "{}"}})
+                else:
+                    skipped += span
+            else:
+                skipped += span
+            i = nxt + 1 if closed else nxt
+        leftovers = sum(1 for t in skipped if tok.decode([t]).strip())
+        return ids[:start], calls or None, leftovers
 
     @staticmethod
     def kimi_ids(calls: list[dict], before: int) -> tuple[list[dict], bool]:
-        """Calls with ids in Kimi's own form (``functions.<name>:<before + k>``); True when any changed."""
+        """Calls with ids in Kimi's own form (``functions.<name>:<index>``); True when any changed.
+        A provider's unprefixed ``<name>:<index>`` keeps its index; any other id (``call_...``)
+        gets ``before + k``, counting the conversation's calls."""
         out, changed = [], False
         for k, c in enumerate(calls):
-            name = c["function"]["name"]
-            cid = c.get("id") or ""
-            if not KIMI_ID.match(cid) or KIMI_ID.match(cid).group("name") != name:
-                cid, changed = f"functions.{name}:{before + k}", True
-            out.append({**c, "id": cid})
+            out.append({**c, "id": kimi_call_id(c.get("id"), c["function"]["name"], before + k)})
+            changed |= out[-1]["id"] != c.get("id")
         return out, changed
+
+
+def kimi_call_id(cid, name: str, index: int) -> str:
+    """``cid`` in Kimi's form: kept when it is, ``functions.`` added to a bare ``<name>:<index>``,
+    else ``functions.<name>:<index>``."""
+    cid = cid if isinstance(cid, str) else ""
+    m = KIMI_ID.match(cid)
+    if m and m.group("name") == name:
+        return cid
+    m = BARE_ID.match(cid)
+    if m and m.group("name") == name:
+        return f"functions.{cid}"
+    return f"functions.{name}:{index}"
 
 
 @dataclass
@@ -131,7 +165,9 @@ def tool_call_reply(tok, row: dict, messages: list[dict] | None, tools: list[dic
     calls, notes = reply_calls(row.get("tool_calls")), []
     text, reasoning = row.get("text") or "", row.get("reasoning")
     if native is not None and kimi is not None:
-        head, parsed = kimi.split(tok, list(native))
+        head, parsed, leftovers = kimi.split_counted(tok, list(native))
+        if leftovers:
+            notes.append(f"{leftovers} id(s) in the tool-call section outside any call, ignored")
         if parsed is not None:  # the text and reasoning are read from the ids too: exact
             notes.append("tool calls from the server's parser" if calls else "tool calls read from the ids")
             calls, text, reasoning = calls or parsed, tok.decode(head), None

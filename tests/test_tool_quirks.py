@@ -1,0 +1,76 @@
+"""Tool calls as datasets and providers really write them: Kimi's section read as leniently as
+vLLM's kimi_k2 parser (leftovers counted), provider call ids in Kimi's form, glaive's escaped
+quotes, text after a call, several calls in one turn."""
+
+import pytest
+
+from eagle3_assets.prompts.rows import parse_row
+from eagle3_assets.testing.kimi_tokenizer import build_kimi_test_tokenizer
+from eagle3_assets.tokens.tokenizer import TargetTokenizer
+from eagle3_assets.tokens.tool_calls import KimiFormat, kimi_call_id
+
+SB, SE, CB, AB, CE = 163595, 163596, 163597, 163598, 163599
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory):
+    return TargetTokenizer.load(build_kimi_test_tokenizer(tmp_path_factory.mktemp("kimi") / "Kimi-Quirks"),
+                                trust_remote_code=True)
+
+
+def _call(tok, cid: str, args: str) -> list[int]:
+    return [CB, *tok.encode_text(cid), AB, *tok.encode_text(args), CE]
+
+
+def test_section_read_as_leniently_as_vllm(kimi):
+    fmt = KimiFormat.of(kimi)
+    nl = kimi.encode_text("\n")
+    a, b = _call(kimi, "functions.get_weather:0", '{"city": "Oslo"}'), _call(kimi, "functions.get_time:1", "{}")
+    strict = kimi.encode_text("ok") + [SB, *a, *b, SE]
+    head, calls, left = fmt.split_counted(kimi, strict)
+    assert kimi.decode(head) == "ok" and left == 0
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("functions.get_weather:0", "get_weather", '{"city": "Oslo"}'), ("functions.get_time:1", "get_time", "{}")]
+    spaced = [SB, *nl, *a, *nl, *b, *nl, SE]  # whitespace between the markers
+    assert fmt.split_counted(kimi, spaced)[1] == calls and fmt.split_counted(kimi, spaced)[2] == 0
+    assert fmt.split(kimi, [SB, *a, *b])[1] == calls  # no section end
+    assert fmt.split(kimi, [SB, *a, *b[:-1], SE])[1] == calls  # the section end closes the last call
+    junk = [SB, *kimi.encode_text("noise"), *a, SE]
+    _, got, left = fmt.split_counted(kimi, junk)
+    assert got == calls[:1] and left >= 1  # stray text: skipped and counted
+    bad_id = [SB, *_call(kimi, "weather", "{}"), SE]
+    assert fmt.split_counted(kimi, bad_id)[1] is None  # vLLM's id pattern is <name>:<index>
+    assert fmt.split(kimi, [SB, *a[:-1]])[1] is None  # cut short inside a call: no call
+
+
+def test_provider_ids_in_kimis_form():
+    assert kimi_call_id("weather:0", "weather", 5) == "functions.weather:0"
+    assert kimi_call_id("call_abc", "weather", 5) == "functions.weather:5"
+    assert kimi_call_id("functions.weather:2", "weather", 5) == "functions.weather:2"
+    assert kimi_call_id("functions.other:2", "weather", 5) == "functions.weather:5"
+    calls, changed = KimiFormat.kimi_ids([{"id": "get_time:3", "function": {"name": "get_time"}}], 0)
+    assert calls[0]["id"] == "functions.get_time:3" and changed
+
+
+def _glaive(chat: str) -> dict:
+    return {"system": 'SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -'
+                      ' {"name": "send_note", "parameters": {"type": "object"}} {"name": "get_time"}',
+            "chat": chat}
+
+
+def test_glaive_escaped_quotes_text_after_and_several_calls():
+    call = ("ASSISTANT: <functioncall> {\"name\": \"send_note\", \"arguments\": '{\"text\": \"it\\'s {done}\", "
+            "\"meta\": {\"tags\": [\"a\", \"b\"]}}'} I have sent it. <|endoftext|>")
+    p = parse_row(_glaive(f"USER: Send 'it's done'\n\n\n{call}\n\n\nFUNCTION RESPONSE: {{\"ok\": true}}\n\n\n"
+                          "USER: Thanks"), 1)
+    turn = p.messages[2]
+    assert turn["content"] == "I have sent it."  # text after the call: the turn's content
+    assert turn["tool_calls"][0]["function"]["arguments"] == '{"text": "it\'s {done}", "meta": {"tags": ["a", "b"]}}'
+    assert p.messages[3]["name"] == "send_note"
+    two = ("ASSISTANT: Doing both. <functioncall> {\"name\": \"send_note\", \"arguments\": '{}'} "
+           "<functioncall> {\"name\": \"get_time\", \"arguments\": {}} <|endoftext|>")
+    q = parse_row(_glaive(f"USER: Note and time\n\n\n{two}\n\n\nFUNCTION RESPONSE: {{\"ok\": true}}\n\n\n"
+                          "FUNCTION RESPONSE: {\"time\": \"noon\"}"), 2)
+    assert q.messages[2]["content"] == "Doing both."
+    assert [c["id"] for c in q.messages[2]["tool_calls"]] == ["functions.send_note:0", "functions.get_time:1"]
+    assert [m.get("name") for m in q.messages[3:]] == ["send_note", "get_time"]  # parallel results, in order

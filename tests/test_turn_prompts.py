@@ -1,0 +1,97 @@
+"""A prompt per assistant turn: every reply of a conversation becomes a prompt (the prefix before
+it), so the target makes its own call at every call point and its own answer after every result."""
+
+import json
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from eagle3_assets.corpus.merge import eval_side
+from eagle3_assets.generation.response_store import ResponseStore
+from eagle3_assets.prompts.options import ReadOptions
+from eagle3_assets.prompts.reader import PromptReader
+from eagle3_assets.prompts.table import read_prompt_table
+from eagle3_assets.prompts.turns import conversation_id, prompts_per_conversation_rows
+from eagle3_assets.testing.loopback import ModelGenerator, SGLangApp, serve_in_thread
+from resources import SGLangResource, TargetResource
+from tests.conftest import write_jsonl
+from tests.dagster_helpers import run_dataset, small_run_config
+
+WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+SYSTEM = ("SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -\n"
+          + json.dumps(WEATHER, indent=4))
+CALL = "ASSISTANT: <functioncall> {\"name\": \"get_weather\", \"arguments\": '{\"city\": \"Lima\"}'} <|endoftext|>"
+GLAIVE = [  # 3 replies (call, answer, answer); a plain question; a reply to nothing (refused)
+    {"system": SYSTEM, "chat": f"USER: Weather in Lima?\n\n\n{CALL}\n\n\nFUNCTION RESPONSE: {{\"sky\": \"fog\"}}\n\n\n"
+                               "ASSISTANT: Foggy. <|endoftext|>\n\n\nUSER: Thanks!\n\n\n"
+                               "ASSISTANT: You're welcome. <|endoftext|>"},
+    {"system": SYSTEM, "chat": "USER: Weather in Oslo?"},
+]
+PARALLEL = {"id": "trace", "tools": [{"type": "function", "function": WEATHER}], "messages": [
+    {"role": "user", "content": "Oslo and Lima?"},
+    {"role": "assistant", "content": None, "reasoning_content": "two cities, two calls", "tool_calls": [
+        {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+        {"id": "call_b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Lima"}'}}]},
+    {"role": "tool", "tool_call_id": "call_b", "content": "sun"}, {"role": "tool", "tool_call_id": "call_a", "content": "snow"},
+    {"role": "assistant", "content": "Snow in Oslo, sun in Lima."}]}
+
+
+def test_each_assistant_turn_becomes_a_prompt(tmp_path):
+    path = write_jsonl(tmp_path / "g.jsonl", [*GLAIVE, {"messages": [{"role": "assistant", "content": "hi"}]}])
+    reader = PromptReader(path, ReadOptions(prompt_per_assistant_turn=True), skip_invalid=True)
+    prompts = list(reader)
+    reader.finish()
+    first = [p for p in prompts if p.line == 1]
+    assert [p.messages[-1]["role"] for p in first] == ["user", "tool", "user"]
+    assert [len(p.messages) for p in first] == [2, 4, 6]  # system + the prefix before each reply
+    assert first[1].messages[-2]["tool_calls"][0]["function"]["name"] == "get_weather"
+    ids = [p.prompt_id for p in prompts]
+    assert len(set(ids)) == 4 and all(i.endswith(f"@turn{k}") for k, i in enumerate(ids[:3]))
+    assert {conversation_id(i) for i in ids[:3]} == {ids[0][:-len("@turn0")]}
+    assert (reader.conversations, reader.accepted, reader.skipped) == (2, 4, 1)
+    assert prompts_per_conversation_rows(reader.prompts_per_conversation) == [
+        {"prompts": 1, "conversations": 1}, {"prompts": 3, "conversations": 1}]
+    assert all(p.conversation is None for p in prompts)
+    whole = list(PromptReader(path, ReadOptions(final_assistant="drop"), skip_invalid=True))
+    assert len(whole) == 2 and whole[0].messages == first[2].messages  # the last prefix: the old single prompt
+
+
+def test_the_split_keeps_a_conversation_on_one_side():
+    for n in range(200):
+        conv = f"conv-{n}"
+        sides = {eval_side(f"{conv}@turn{k}", 0.3) for k in range(5)}
+        assert sides == {eval_side(conv, 0.3)}
+    assert conversation_id("a@turn2@turn10") == "a@turn2" and conversation_id("plain") == "plain"
+
+
+@pytest.mark.model
+def test_turn_prompts_through_generation(layout, kimi_mini_dir):
+    from eagle3_assets.target.embedded import EmbeddedModel
+    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+
+    dataset = "glaive_turns"
+    write_jsonl(layout.prompt_source(dataset), [*GLAIVE, PARALLEL])
+    ReadOptions(prompt_per_assistant_turn=True).save(layout.prompt_read_options(dataset))
+    model = EmbeddedModel(kimi_mini_dir, tokenizer=TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True))
+    with serve_in_thread(SGLangApp(ModelGenerator(model))) as sgl, dg.instance_for_test() as instance:
+        res = {"target": TargetResource(model="kimi-mini"), "sglang": SGLangResource(base_urls=[sgl.url])}
+        result = run_dataset(instance, dataset, resources=res, selection=["prompts", "raw_responses", "token_ids"],
+                             run_config=small_run_config(backend="sglang", max_new_tokens=8))
+        assert result.success
+        again = run_dataset(instance, dataset, resources=res, selection=["raw_responses"],
+                            run_config=small_run_config(backend="sglang", max_new_tokens=8))
+        assert again.success
+    meta = result.asset_materializations_for_node("prompts")[0].metadata
+    assert (meta["rows"].value, meta["conversations"].value, meta["prompts_per_conversation_mean"].value) == (6, 3, 2.0)
+    table = {p.prompt_id: p for p in read_prompt_table(layout.prompt_table(dataset))}
+    responses = ResponseStore(layout.responses_dir(dataset)).rows()
+    assert len(responses) == 6 and {r["prompt_id"] for r in responses} == set(table)  # resume: nothing twice
+    assert len({r["sample_id"] for r in responses}) == 6
+    # the parallel calls' answer: both calls in one section, its reasoning, each result named
+    after = table["trace@turn1"]
+    text = model.target_tokenizer.decode(model.target_tokenizer.render_prompt(after.messages, tools=after.tools))
+    assert "<think>two cities, two calls</think><|tool_calls_section_begin|>" in text
+    assert text.count("<|tool_call_begin|>") == 2 and text.count("<|im_system|>get_weather<|im_middle|>") == 2
+    tokens = pl.read_parquet(layout.tokens(dataset))
+    assert tokens.height == 6 and set(tokens["prompt_id"]) == set(table)
