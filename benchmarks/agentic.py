@@ -131,15 +131,10 @@ def main() -> None:
     ap.add_argument("--traces", type=int, default=300)
     ap.add_argument("--answers", type=int, default=48)
     args = ap.parse_args()
-    from benchmarks.tool_calls import reconstruction
-    from eagle3_assets.paths import DataLayout
-    from eagle3_assets.target.embedded import EmbeddedModel, set_threads
-    from eagle3_assets.target.kimi_mini import ensure_kimi_mini
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from benchmarks.tool_calls import kimi_mini_target, reconstruction
+    from eagle3_assets.target.embedded import EmbeddedModel
 
-    set_threads(2)
-    kimi = ensure_kimi_mini(DataLayout.from_env().models_dir)
-    tok = TargetTokenizer.load(kimi, trust_remote_code=True)
+    kimi, tok = kimi_mini_target()
     model = EmbeddedModel(kimi, tokenizer=tok)
     rng = random.Random(7)
     with tempfile.TemporaryDirectory() as tmp:

@@ -109,20 +109,28 @@ def reconstruction(tok, model, prompts, batch: int = 16) -> dict:
     return figures
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=2000)
-    ap.add_argument("--answers", type=int, default=200)
-    args = ap.parse_args()
+def kimi_mini_target():
+    """kimi-mini's model folder (built once into the data root's model cache) and its tokenizer, with
+    torch on both cores."""
     from eagle3_assets.paths import DataLayout
-    from eagle3_assets.prompts.table import read_prompt_table
-    from eagle3_assets.target.embedded import EmbeddedModel, set_threads
+    from eagle3_assets.target.embedded import set_threads
     from eagle3_assets.target.kimi_mini import ensure_kimi_mini
     from eagle3_assets.tokens.tokenizer import TargetTokenizer
 
     set_threads(2)
     kimi = ensure_kimi_mini(DataLayout.from_env().models_dir)
-    tok = TargetTokenizer.load(kimi, trust_remote_code=True)
+    return kimi, TargetTokenizer.load(kimi, trust_remote_code=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=2000)
+    ap.add_argument("--answers", type=int, default=200)
+    args = ap.parse_args()
+    from eagle3_assets.prompts.table import read_prompt_table
+    from eagle3_assets.target.embedded import EmbeddedModel
+
+    kimi, tok = kimi_mini_target()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "b1_glaive.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in glaive_rows(args.rows)))
