@@ -36,7 +36,7 @@ REQUIRED_SERVER_ARGS = {
     "pp_size": 1,  # the last pipeline stage alone sees the final states
 }
 
-# Server args SGLang accepts that break a capture, each with the reason (0.5.14 names). Refused when
+# Server args SGLang accepts that break a capture, each with the reason (0.5.23 names, checked on its ServerArgs). Refused when
 # given, and checked again on the resolved ServerArgs, which switch some on by themselves.
 BREAKS_CAPTURE = {
     "enable_dp_attention": "data-parallel attention gives each attention rank its own share of the batch's requests "
