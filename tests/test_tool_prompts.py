@@ -165,7 +165,8 @@ def test_table_keeps_tools_and_counts_them(tmp_path, target_tokenizer):
     report = build_prompt_table(PromptReader(src, options), kimi, ContextLimit(4096, 256), "refuse", out)
     assert report.tool_figures() == {"rows_with_tools": 1, "rows_with_tool_calls": 1, "tool_calls": 1,
                                      "tool_calls_per_row_mean": 0.5, "tool_calls_per_row_max": 1,
-                                     "tool_result_turns": 1, "tools_in_system_turn": 0}
+                                     "tool_result_turns": 1, "tools_in_system_turn": 0,
+                                     "history_call_ids_rebuilt": 0}
     back = read_prompt_table(out)
     assert back[0].tools[0]["function"] == WEATHER and back[0].messages[2]["tool_calls"][0]["id"] == "functions.get_weather:0"
     assert back[0].prompt_tokens == len(kimi.render_prompt(back[0].messages, back[0].tools))

@@ -1,13 +1,14 @@
 """Tool calls as datasets and providers really write them: Kimi's section read as leniently as
 vLLM's kimi_k2 parser (leftovers counted), provider call ids in Kimi's form, glaive's escaped
-quotes, text after a call, several calls in one turn."""
+quotes, text after a call, several calls in one turn; history call ids rebuilt in Kimi's form
+with the results that answer them."""
 
 import pytest
 
 from eagle3_assets.prompts.rows import parse_row
 from eagle3_assets.testing.kimi_tokenizer import build_kimi_test_tokenizer
 from eagle3_assets.tokens.tokenizer import TargetTokenizer
-from eagle3_assets.tokens.tool_calls import KimiFormat, kimi_call_id
+from eagle3_assets.tokens.tool_calls import KimiFormat, kimi_call_id, kimi_history_ids
 
 SB, SE, CB, AB, CE = 163595, 163596, 163597, 163598, 163599
 
@@ -50,6 +51,59 @@ def test_provider_ids_in_kimis_form():
     assert kimi_call_id("functions.other:2", "weather", 5) == "functions.weather:5"
     calls, changed = KimiFormat.kimi_ids([{"id": "get_time:3", "function": {"name": "get_time"}}], 0)
     assert calls[0]["id"] == "functions.get_time:3" and changed
+
+
+def _tc(cid, name: str) -> dict:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+def test_history_call_ids_in_kimis_form_with_their_results():
+    """OpenAI ``call_...`` ids, a provider's bare ``name:idx`` and Kimi's own, parallel calls over two
+    agent turns: every call gets ``functions.<name>:<index>`` counting the conversation's calls, and
+    each result still answers its own call."""
+    msgs = [{"role": "user", "content": "Weather in Oslo and Rome, and the time?"},
+            {"role": "assistant", "content": "", "tool_calls": [_tc("call_9xq", "get_weather"), _tc("call_7ab", "get_weather")]},
+            {"role": "tool", "tool_call_id": "call_7ab", "name": "get_weather", "content": "sun"},
+            {"role": "tool", "tool_call_id": "call_9xq", "name": "get_weather", "content": "snow"},
+            {"role": "assistant", "content": "",
+             "tool_calls": [_tc("get_time:2", "get_time"), _tc("functions.get_weather:0", "get_weather")]},
+            {"role": "tool", "tool_call_id": "get_time:2", "name": "get_time", "content": "10:00"},
+            {"role": "tool", "tool_call_id": "functions.get_weather:0", "name": "get_weather", "content": "rain"}]
+    out, changed = kimi_history_ids(msgs)
+    assert [c["id"] for c in out[1]["tool_calls"]] == ["functions.get_weather:0", "functions.get_weather:1"]
+    # a bare id keeps its index; an id that would repeat an earlier call's gets the running index
+    assert [c["id"] for c in out[4]["tool_calls"]] == ["functions.get_time:2", "functions.get_weather:3"]
+    assert [m.get("tool_call_id") for m in out if m["role"] == "tool"] == [
+        "functions.get_weather:1", "functions.get_weather:0", "functions.get_time:2", "functions.get_weather:3"]
+    assert changed == 4 and msgs[1]["tool_calls"][0]["id"] == "call_9xq"  # the input is left as it was
+    assert kimi_history_ids(out) == (out, 0)  # already in Kimi's form: unchanged
+
+
+def test_history_ids_rebuilt_in_the_prompt_table(tmp_path, kimi):
+    """Through the build into the table: the prompt K2.5 sees has its own ids in the history (the
+    HTTP request sends the same messages), a SmolLM2-like target keeps the file's ids."""
+    from eagle3_assets.prompts.build import build_prompt_table
+    from eagle3_assets.prompts.context import ContextLimit
+    from eagle3_assets.prompts.options import ReadOptions
+    from eagle3_assets.prompts.reader import PromptReader
+    from eagle3_assets.prompts.table import read_prompt_table
+    from tests.conftest import write_jsonl
+
+    row = {"id": "trace-1", "messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [_tc("call_abc", "get_weather")]},
+        {"role": "tool", "tool_call_id": "call_abc", "content": "snow"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]}
+    src = write_jsonl(tmp_path / "traces.jsonl", [row])
+    out = tmp_path / "table.parquet"
+    report = build_prompt_table(PromptReader(src, ReadOptions()), kimi, ContextLimit(4096, 256), "refuse", out)
+    assert report.tool_figures()["history_call_ids_rebuilt"] == 1
+    (back,) = read_prompt_table(out)
+    assert back.prompt_id == "trace-1"
+    assert back.messages[1]["tool_calls"][0]["id"] == "functions.get_weather:0"
+    assert back.messages[2]["tool_call_id"] == "functions.get_weather:0"
+    text = kimi.decode(kimi.render_prompt(back.messages, back.tools))
+    assert "call_abc" not in text and "## Return of functions.get_weather:0\nsnow" in text
 
 
 def _glaive(chat: str) -> dict:

@@ -21,6 +21,7 @@ from eagle3_assets.prompts.reader import PromptReader
 from eagle3_assets.prompts.rows import Prompt
 from eagle3_assets.prompts.table import PromptTableWriter
 from eagle3_assets.prompts.tools import declare_in_system_turn, has_tool_content, tool_figures
+from eagle3_assets.tokens.tool_calls import KimiFormat, kimi_history_ids
 
 CHUNK_ROWS = 1024
 TOO_LONG = "too long for the target's context"
@@ -45,6 +46,7 @@ class BuildReport:
     max_tool_calls: int = 0  # in one prompt
     tool_results: int = 0  # tool-result turns
     tools_in_system_turn: int = 0  # prompts whose tools were written into the system turn (opted in)
+    history_ids_rebuilt: int = 0  # history call ids rewritten in the target's own form (Kimi)
 
     def count_tools(self, prompt: Prompt) -> None:
         f = tool_figures(prompt.messages, prompt.tools)
@@ -59,7 +61,8 @@ class BuildReport:
         return {"rows_with_tools": self.rows_with_tools, "rows_with_tool_calls": self.rows_with_tool_calls,
                 "tool_calls": self.tool_calls, "tool_calls_per_row_mean": round(self.tool_calls / self.written, 3)
                 if self.written else 0.0, "tool_calls_per_row_max": self.max_tool_calls,
-                "tool_result_turns": self.tool_results, "tools_in_system_turn": self.tools_in_system_turn}
+                "tool_result_turns": self.tool_results, "tools_in_system_turn": self.tools_in_system_turn,
+                "history_call_ids_rebuilt": self.history_ids_rebuilt}
 
     def length_figures(self) -> dict:
         if not self.lengths:
@@ -118,8 +121,13 @@ def build_prompt_table(reader: PromptReader, tok, limit: ContextLimit, over_cont
 
 
 def _fit_tools(reader: PromptReader, tok, chunk: list[Prompt], in_system_turn: bool, report: BuildReport) -> list[Prompt]:
-    """The chunk as the target can render it: unchanged when its template renders tools."""
+    """The chunk as the target can render it: unchanged when its template renders tools, but for
+    a Kimi target's history call ids, which are written in its own form."""
     if tok.supports_tools or not any(has_tool_content(p.messages, p.tools) for p in chunk):
+        if KimiFormat.of(tok) is not None:
+            for p in chunk:
+                p.messages, n = kimi_history_ids(p.messages)
+                report.history_ids_rebuilt += n
         return chunk
     out = []
     for p in chunk:

@@ -11,7 +11,8 @@ this reconstruction is measured where it can be.
 
 Where the format is known (Kimi), calls are also parsed from ids, and a provider's call id that is
 not Kimi's own ``functions.<name>:<index>`` is rebuilt, ``index`` counting the conversation's
-calls, since that is what the model writes.
+calls, since that is what the model writes: in replies here, in the history's calls and the
+results that answer them by :func:`kimi_history_ids` (the prompt table is written with them).
 """
 
 from __future__ import annotations
@@ -132,6 +133,38 @@ def kimi_call_id(cid, name: str, index: int) -> str:
     if m and m.group("name") == name:
         return f"functions.{cid}"
     return f"functions.{name}:{index}"
+
+
+def kimi_history_ids(messages: list[dict]) -> tuple[list[dict], int]:
+    """The conversation with its history calls in Kimi's id form, each result's ``tool_call_id``
+    following its call; and how many ids changed.
+
+    K2.5 writes a history call's id verbatim (``<|tool_call_begin|>ID`` and ``## Return of ID``),
+    and what it was trained on, and writes itself, is ``functions.<name>:<index>`` with ``index``
+    counting the conversation's calls from 0 (Moonshot's tool-call guide; vLLM's and SGLang's
+    ``kimi_k2`` parsers read that header). A provider's ``call_...`` id in the history is a
+    string the model never produces, so it is rebuilt the way :meth:`KimiFormat.kimi_ids` rebuilds
+    a reply's. An id that would repeat an earlier one gets the running index instead."""
+    out, renamed, used, changed, index = [], {}, set(), 0, 0
+    for m in messages:
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                name, old = c["function"]["name"], c.get("id")
+                cid = kimi_call_id(old, name, index)
+                if cid in used:
+                    cid = f"functions.{name}:{index}"
+                used.add(cid)
+                index += 1
+                changed += cid != old
+                if isinstance(old, str):
+                    renamed[old] = cid
+                calls.append({**c, "id": cid})
+            m = {**m, "tool_calls": calls}
+        elif m.get("role") == "tool" and m.get("tool_call_id") in renamed:
+            m = {**m, "tool_call_id": renamed[m["tool_call_id"]]}
+        out.append(m)
+    return out, changed
 
 
 @dataclass

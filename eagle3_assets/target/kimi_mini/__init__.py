@@ -3,12 +3,24 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 from pathlib import Path
 
 NAME = "Kimi-K2.5-mini"
-VERSION = "4"  # bump when the builder's output changes; a cached copy of another version is rebuilt
+VERSION = "5"  # bump when the builder's output changes in a way its files do not show
+
+
+def builder_stamp() -> str:
+    """What a cached copy was built by: the version and a digest of every file of this package
+    (template, tokenizer code, BPE corpus, model builder), so an edited builder never leaves a
+    stale cached copy in use."""
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.iterdir()):
+        if f.is_file() and f.suffix in {".py", ".jinja", ".txt"}:
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return f"kimi-mini builder v{VERSION} {h.hexdigest()[:16]}"
 
 
 def ensure_kimi_mini(models_dir: Path) -> Path:
@@ -16,7 +28,7 @@ def ensure_kimi_mini(models_dir: Path) -> Path:
     renamed into place, so a crash or a concurrent builder never leaves half a checkpoint)."""
     out = Path(models_dir) / NAME
     stamp = out / "SOURCE"
-    if stamp.is_file() and stamp.read_text().strip() == f"kimi-mini builder v{VERSION}":
+    if stamp.is_file() and stamp.read_text().strip() == builder_stamp():
         return out
     from eagle3_assets.target.kimi_mini.model import write_model
     from eagle3_assets.target.kimi_mini.processor import write_processor
@@ -29,7 +41,7 @@ def ensure_kimi_mini(models_dir: Path) -> Path:
         write_model(tmp, facts["text_ids"])
         write_processor(tmp)
         tmp.chmod(0o755)
-        (tmp / "SOURCE").write_text(f"kimi-mini builder v{VERSION}\n")
+        (tmp / "SOURCE").write_text(builder_stamp() + "\n")
         old = out.with_name(out.name + f".old-{tmp.name[-8:]}")
         if out.exists():
             out.rename(old)

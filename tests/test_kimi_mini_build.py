@@ -1,0 +1,24 @@
+"""kimi-mini's cached build: a copy made by another builder is rebuilt (a template edit must reach
+every machine that built an older copy), and the rebuilt copy renders K2.5's published example."""
+
+from eagle3_assets.target.kimi_mini import builder_stamp, ensure_kimi_mini
+from eagle3_assets.tokens.tokenizer import TargetTokenizer
+
+# Kimi-K2.5's tokenizer.apply_chat_template([{"role": "user", "content": "What is 1+1?"}]) as its
+# model card's guides print it: the default system turn, then the thinking generation prompt.
+K25_ONE_PLUS_ONE = ("<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
+                    "<|im_user|>user<|im_middle|>What is 1+1?<|im_end|><|im_assistant|>assistant<|im_middle|><think>")
+
+
+def test_a_copy_from_another_builder_is_rebuilt(tmp_path):
+    out = ensure_kimi_mini(tmp_path)
+    stamp = out / "SOURCE"
+    assert stamp.read_text().strip() == builder_stamp()
+    template = out / "chat_template.jinja"
+    stamp.write_text("kimi-mini builder v4\n")  # what a machine that built the older template holds
+    template.write_text("{{ messages[0]['content'] }}")
+    assert ensure_kimi_mini(tmp_path) == out
+    assert stamp.read_text().strip() == builder_stamp()
+    assert "You are Kimi" in template.read_text()
+    tok = TargetTokenizer.load(out, trust_remote_code=True)
+    assert tok.tokenizer.apply_chat_template([{"role": "user", "content": "What is 1+1?"}]) == K25_ONE_PLUS_ONE
