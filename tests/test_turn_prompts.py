@@ -7,11 +7,11 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from eagle3_assets.corpus.merge import eval_side
+from eagle3_assets.corpus.merge import eval_side, merge_corpus
 from eagle3_assets.generation.response_store import ResponseStore
 from eagle3_assets.prompts.options import ReadOptions
 from eagle3_assets.prompts.reader import PromptReader
-from eagle3_assets.prompts.table import read_prompt_table
+from eagle3_assets.prompts.table import read_conversations, read_prompt_table, write_prompt_table
 from eagle3_assets.prompts.turns import conversation_id, prompts_per_conversation_rows
 from eagle3_assets.testing.loopback import ModelGenerator, SGLangApp, serve_in_thread
 from resources import SGLangResource, TargetResource
@@ -63,6 +63,37 @@ def test_the_split_keeps_a_conversation_on_one_side():
         sides = {eval_side(f"{conv}@turn{k}", 0.3) for k in range(5)}
         assert sides == {eval_side(conv, 0.3)}
     assert conversation_id("a@turn2@turn10") == "a@turn2" and conversation_id("plain") == "plain"
+
+
+def test_a_files_own_turn_like_id_is_its_own_conversation(tmp_path):
+    """A file's ids ``conv@turn3`` and ``conv`` read one prompt each are two conversations; the same
+    conversation read per assistant turn is one. The table's ``conversation_id`` says which, so the
+    split never reads ids apart; a table written before that column splits as it did then."""
+    rows = [{"id": "conv", "messages": [{"role": "user", "content": "a"}]},
+            {"id": "conv@turn3", "messages": [{"role": "user", "content": "b"}]}]
+    path = write_jsonl(tmp_path / "ids.jsonl", rows)
+    table = tmp_path / "t.parquet"
+    write_prompt_table(list(PromptReader(path, ReadOptions())), table)
+    assert read_conversations(table) == {"conv": "conv", "conv@turn3": "conv@turn3"}
+    turns = write_jsonl(tmp_path / "turns.jsonl", [{**GLAIVE[0], "id": "conv@turn3"}])
+    per_turn = tmp_path / "per_turn.parquet"
+    write_prompt_table(list(PromptReader(turns, ReadOptions(prompt_per_assistant_turn=True))), per_turn)
+    assert read_conversations(per_turn) == {f"conv@turn3@turn{k}": "conv@turn3" for k in range(3)}
+    assert {p.conversation_id for p in read_prompt_table(per_turn)} == {"conv@turn3"}
+
+    # find a pair the old reading put on one side and the table puts on two
+    for n in range(400):
+        a, b = f"c{n}", f"c{n}@turn3"
+        if eval_side(a, 0.5, a) != eval_side(b, 0.5, b):
+            break
+    assert eval_side(b, 0.5) == eval_side(a, 0.5)  # the old reading: one conversation
+    tokens = pl.DataFrame({"sample_id": [f"{a}#0", f"{b}#0"], "prompt_id": [a, b], "sample_index": [0, 0],
+                           "source": ["local", "local"], "native_ids": [True, True], "finish_reason": ["stop", "stop"],
+                           "completion_len": [3, 3], "text_len": [5, 5]})
+    split = dict(merge_corpus(tokens, 0.5, {a: a, b: b})[0].select("prompt_id", "split").iter_rows())
+    assert split[a] != split[b]
+    legacy = dict(merge_corpus(tokens, 0.5, None)[0].select("prompt_id", "split").iter_rows())
+    assert legacy[a] == legacy[b]  # a table without the column: the split as before
 
 
 @pytest.mark.model

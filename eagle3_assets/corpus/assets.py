@@ -12,6 +12,7 @@ from eagle3_assets.generation.response_store import ResponseStore
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.plots import length_histogram
+from eagle3_assets.prompts.table import read_conversations
 from eagle3_assets.tokens.assets import token_ids
 from resources import DatasetSettings, StorageResource
 
@@ -88,7 +89,7 @@ def merged_corpus(context: dg.AssetExecutionContext, storage: StorageResource,
     dataset = context.partition_key
     layout = storage.layout
     tokens = pl.read_parquet(layout.tokens(dataset))
-    corpus, stats = merge_corpus(tokens, dataset_settings.eval_fraction)
+    corpus, stats = merge_corpus(tokens, dataset_settings.eval_fraction, read_conversations(layout.prompt_table(dataset)))
     out = layout.corpus(dataset)
     write_parquet_atomic(corpus, out)
     return dg.MaterializeResult(

@@ -3,7 +3,8 @@
 Native ids win over re-tokenized ones for the same sample. Rows that failed or hold no
 assistant tokens are dropped and counted. The train/eval split hashes the *prompt* id, so
 every sample of a prompt lands on the same side and the split never changes as data grows; the
-per-assistant-turn prompts of one conversation hash its id, so they land on one side too.
+per-assistant-turn prompts of one conversation hash its id (the prompt table's
+``conversation_id``), so they land on one side too.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from eagle3_assets.prompts.turns import conversation_id
 FAILED_REASONS = ("error", "abort", "cancelled")
 
 
-def eval_side(prompt_id: str, eval_fraction: float) -> bool:
-    h = int.from_bytes(hashlib.sha256(conversation_id(prompt_id).encode("utf-8")).digest()[:8], "big")
+def eval_side(prompt_id: str, eval_fraction: float, conversation: str | None = None) -> bool:
+    """True when the prompt is held out: ``conversation`` (the prompt table's) hashed, or, for a
+    table written before that column, the id read apart as the split did then."""
+    key = conversation if conversation is not None else conversation_id(prompt_id)
+    h = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big")
     return h / 2**64 < eval_fraction
 
 
@@ -35,7 +39,10 @@ class MergeStats:
     eval: int = 0
 
 
-def merge_corpus(tokens: pl.DataFrame, eval_fraction: float) -> tuple[pl.DataFrame, MergeStats]:
+def merge_corpus(tokens: pl.DataFrame, eval_fraction: float,
+                 conversations: dict[str, str] | None = None) -> tuple[pl.DataFrame, MergeStats]:
+    """``conversations``: each prompt's conversation (:func:`read_conversations`); None: read from the ids."""
+    conv = conversations or {}
     stats = MergeStats(input_rows=tokens.height)
     failed = pl.col("finish_reason").is_in(FAILED_REASONS) | pl.col("finish_reason").is_null()
     stats.dropped_failed = tokens.filter(failed).height
@@ -50,7 +57,8 @@ def merge_corpus(tokens: pl.DataFrame, eval_fraction: float) -> tuple[pl.DataFra
     stats.duplicates_resolved = kept.height - merged.height
     merged = merged.with_columns(
         pl.col("prompt_id").map_elements(
-            lambda p: "eval" if eval_side(p, eval_fraction) else "train", return_dtype=pl.Utf8
+            lambda p: "eval" if eval_side(p, eval_fraction, conv.get(p, p) if conversations is not None else None)
+            else "train", return_dtype=pl.Utf8
         ).alias("split")
     ).sort(["split", "prompt_id", "sample_index"])
     stats.by_source = dict(merged.group_by("source").len().sort("source").iter_rows())

@@ -53,6 +53,7 @@ class Prompt:
     truncated: bool = False  # the last user turn was shortened to fit the target's context
     dropped_replies: int = 0  # final assistant turns left out (final_assistant: drop); not stored
     conversation: list[dict] | None = None  # the whole conversation, replies included (per-turn reading); not stored
+    conversation_id: str | None = None  # the conversation a per-assistant-turn prompt comes from; None: its own
 
 
 def content_hash_id(messages: list[dict], tools: list[dict] | None = None) -> str:

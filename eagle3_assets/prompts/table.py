@@ -29,6 +29,7 @@ SCHEMA = pa.schema([
     ("line", pa.int32()),  # line (JSONL) or row (Parquet) in the prompt file
     ("prompt_tokens", pa.int32()),  # rendered with the target's chat template; null when not measured
     ("truncated", pa.bool_()),
+    ("conversation_id", pa.string()),  # the conversation a per-assistant-turn prompt comes from; null: its own
 ])
 
 
@@ -58,6 +59,7 @@ class PromptTableWriter:
             pa.array([p.line for p in prompts], pa.int32()),
             pa.array([p.prompt_tokens for p in prompts], pa.int32()),
             pa.array([p.truncated for p in prompts], pa.bool_()),
+            pa.array([p.conversation_id for p in prompts], pa.string()),
         ], schema=SCHEMA)
         self._writer.write_batch(batch)
         self.rows += len(prompts)
@@ -96,6 +98,16 @@ def read_prompt_table(path) -> list[Prompt]:
     return [
         Prompt(r["prompt_id"], json.loads(r["messages"]), r["line"],
                tools=json.loads(r["tools"]) if r.get("tools") else None,
-               prompt_tokens=r["prompt_tokens"] if has_tokens else None, truncated=bool(r.get("truncated")))
+               prompt_tokens=r["prompt_tokens"] if has_tokens else None, truncated=bool(r.get("truncated")),
+               conversation_id=r.get("conversation_id"))
         for r in frame.iter_rows(named=True)
     ]
+
+
+def read_conversations(path: Path) -> dict[str, str] | None:
+    """Each prompt's conversation (its own id when it is one), for the train/eval split; None for a
+    table written before the ``conversation_id`` column (the split then reads the ids apart)."""
+    if not Path(path).exists() or "conversation_id" not in pq.read_schema(path).names:
+        return None
+    frame = pl.read_parquet(path, columns=["prompt_id", "conversation_id"])
+    return dict(zip(frame["prompt_id"], frame["conversation_id"].fill_null(frame["prompt_id"]), strict=True))

@@ -5,8 +5,10 @@ after a tool result, so the target's own tool calls are rarely generated. Read p
 turn, the target makes its own call at every call point and its own answer after every result.
 
 The turn prompts of one conversation share its id, with ``@turn<k>`` after it (``k`` counts
-the conversation's prompts from 0). :func:`conversation_id` reads that id back, so the
-train/eval split keeps every prompt of a conversation on one side.
+the conversation's prompts from 0), and carry the conversation's id in the prompt table's
+``conversation_id`` column, so the train/eval split keeps every prompt of a conversation on one
+side without reading ids apart (a file's own id may end in ``@turn3``). :func:`conversation_id`
+reads ids apart only for tables written before that column, as the split did then.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ def turn_prompt_id(conversation: str, k: int) -> str:
 
 
 def conversation_id(prompt_id: str) -> str:
-    """The conversation a prompt comes from: its id without the ``@turn<k>`` suffix."""
+    """The conversation a prompt comes from, read from its id alone (tables without a
+    ``conversation_id`` column): the id without the ``@turn<k>`` suffix."""
     return _TURN_SUFFIX.sub("", prompt_id)
 
 
@@ -41,7 +44,8 @@ def assistant_turn_prompts(prompt: Prompt, conversation: list[dict]) -> list[Pro
                 if conversation[i]["role"] == "assistant" and _usable_end(conversation[:i])]
     if _usable_end(conversation):
         prefixes.append(conversation)
-    return [replace(prompt, prompt_id=turn_prompt_id(prompt.prompt_id, k), messages=list(p), dropped_replies=0)
+    return [replace(prompt, prompt_id=turn_prompt_id(prompt.prompt_id, k), messages=list(p), dropped_replies=0,
+                    conversation_id=prompt.prompt_id)
             for k, p in enumerate(prefixes)]
 
 
