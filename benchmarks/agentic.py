@@ -14,7 +14,11 @@ Each is read with ``final_assistant: drop`` (one prompt per conversation) and wi
 ``prompt_per_assistant_turn``; the figures printed: rows accepted/refused by reason, prompts per
 conversation, prompt tokens with and without the history reasoning, and, on a sample answered by
 kimi-mini through the loopback's tool-call writer (the SGLang loopback's replies), the share of
-replies that are tool calls and the re-rendering agreement on those native-id rows.
+replies that are tool calls and the re-rendering agreement on those native-id rows; then the same
+sample with the loopback's sections broken each way servers break them (whitespace between the
+markers, no section end, stray words inside the section, text after it): the rows the parser still
+reads calls from, the ids it leaves outside any call, and the agreement on those rows. The figures
+go to ``benchmarks/results/agentic.json``.
 
 Run: `.venv/bin/python benchmarks/agentic.py [--rows 2000] [--traces 300] [--answers 48]`.
 """
@@ -131,12 +135,15 @@ def main() -> None:
     ap.add_argument("--traces", type=int, default=300)
     ap.add_argument("--answers", type=int, default=48)
     args = ap.parse_args()
+    from benchmarks.results import record
     from benchmarks.tool_calls import kimi_mini_target, reconstruction
     from eagle3_assets.target.embedded import EmbeddedModel
+    from eagle3_assets.testing.loopback.tool_replies import MALFORMED
 
     kimi, tok = kimi_mini_target()
     model = EmbeddedModel(kimi, tokenizer=tok)
     rng = random.Random(7)
+    results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         files = {"glaive": (Path(tmp) / "glaive.jsonl", glaive_rows(args.rows)),
                  "agent traces": (Path(tmp) / "traces.jsonl", trace_rows(args.traces))}
@@ -147,12 +154,16 @@ def main() -> None:
                 reader, prompts = read(path, per_turn)
                 refused = ", ".join(f"{k}: {v}" for k, v in reader.log.counts.most_common()) or "none"
                 ends = sum(p.messages[-1]["role"] == "tool" for p in prompts)
+                key = f"{'glaive' if name == 'glaive' else 'traces'}_{'per_turn' if per_turn else 'one'}"
+                results[key] = {"conversations": reader.conversations, "refused": reader.skipped,
+                                "prompts": len(prompts), "per_conversation": round(len(prompts) / reader.conversations, 2)}
                 print(f"{name} ({len(rows):,} rows), {mode}: {reader.conversations:,} conversations accepted, "
                       f"{reader.skipped:,} refused ({refused}); {len(prompts):,} prompts, "
                       f"{len(prompts) / reader.conversations:.2f} per conversation; "
                       f"{ends / len(prompts):.1%} end at a tool result")
                 if name == "agent traces":
                     with_r, without = prompt_tokens(tok, prompts, True), prompt_tokens(tok, prompts, False)
+                    results[key].update(tokens_with_reasoning=with_r, tokens_without=without)
                     print(f"  prompt tokens: {with_r:,} with history reasoning, {without:,} without "
                           f"(+{with_r / without - 1:.1%})")
                 sample = rng.sample(prompts, min(args.answers, len(prompts)))
@@ -163,6 +174,23 @@ def main() -> None:
                       f"{calls} tool-call replies ({calls / len(sample):.1%}); re-rendering agreement on their native "
                       f"ids: {'n/a' if agree is None else f'{agree:.4%}'}, exact rows "
                       f"{'n/a' if figures['tool']['exact'] is None else format(figures['tool']['exact'], '.1%')}")
+                results[key].update(sampled=len(sample), tool_call_replies=calls,
+                                    agreement=None if agree is None else round(agree, 4))
+                if key == "traces_per_turn":  # the mode with the most call points: break its sections
+                    results["malformed"] = {"well_formed": _section_figures(figures)}
+                    for kind, how in MALFORMED.items():
+                        broken = _section_figures(reconstruction(tok, model, sample, malform=kind))
+                        results["malformed"][kind] = broken
+                        print(f"  sections broken ({how}): {broken['rows']} tool-call replies, calls read from "
+                              f"{broken['rows_parsed']}, {broken['leftover_ids']} ids outside any call, agreement "
+                              f"{broken['agreement']:.2%}")
+    record("agentic", results)
+
+
+def _section_figures(figures: dict) -> dict:
+    tool = figures["tool"]
+    return {"rows": tool["rows"], "rows_parsed": tool["rows_parsed"], "leftover_ids": tool["leftover_ids"],
+            "agreement": None if tool["agreement"] is None else round(tool["agreement"], 4)}
 
 
 if __name__ == "__main__":

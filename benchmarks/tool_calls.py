@@ -78,12 +78,13 @@ def prompts_pass(tok, path: Path, out: Path) -> tuple[float, float, int]:
     return whole, bare, report.written
 
 
-def reconstruction(tok, model, prompts, batch: int = 16) -> dict:
+def reconstruction(tok, model, prompts, batch: int = 16, malform: str | None = None) -> dict:
     from eagle3_assets.generation.samples import SampleRequest
     from eagle3_assets.testing.loopback.tool_replies import ToolCaller
     from eagle3_assets.tokens.tokenizer import build_token_row
+    from eagle3_assets.tokens.tool_calls import KimiFormat
 
-    caller, rows = ToolCaller(tok), []
+    caller, rows = ToolCaller(tok, malform), []
     for i in range(0, len(prompts), batch):
         chunk = prompts[i:i + batch]
         ids = [SampleRequest(p.prompt_id, "bench", p.prompt_id, 0, p.messages, p.tools).render(tok.render_prompt)
@@ -97,15 +98,19 @@ def reconstruction(tok, model, prompts, batch: int = 16) -> dict:
                              "finish_reason": "stop" if reply or gen.finish_reason == "stop" else "length"}))
     figures = {}
     for kind in ("tool", "text"):
-        t0, matched, total, exact, n = time.perf_counter(), 0, 0, 0, 0
+        t0, matched, total, exact, n, leftovers, parsed = time.perf_counter(), 0, 0, 0, 0, 0, 0
         for p, r in rows:
             if (r["output_ids"].count(163595) > 0) != (kind == "tool"):
                 continue
             t = build_token_row(r, p.messages, tok, tools=p.tools)
             matched, total, exact, n = matched + t["retok_matched"], total + t["retok_total"], exact + t["retok_exact"], n + 1
+            if kind == "tool":  # what the parser made of the section: calls found, ids outside any call
+                _, calls, left = KimiFormat.of(tok).split_counted(tok, r["output_ids"])
+                parsed, leftovers = parsed + bool(calls), leftovers + left
         seconds = time.perf_counter() - t0
         figures[kind] = {"rows": n, "agreement": matched / total if total else None, "exact": exact / n if n else None,
-                         "rows_per_s": n / seconds if seconds else 0.0, "tokens": total}
+                         "rows_per_s": n / seconds if seconds else 0.0, "tokens": total,
+                         "rows_parsed": parsed, "leftover_ids": leftovers}
     return figures
 
 

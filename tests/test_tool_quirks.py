@@ -128,3 +128,25 @@ def test_glaive_escaped_quotes_text_after_and_several_calls():
     assert q.messages[2]["content"] == "Doing both."
     assert [c["id"] for c in q.messages[2]["tool_calls"]] == ["functions.send_note:0", "functions.get_time:1"]
     assert [m.get("name") for m in q.messages[3:]] == ["send_note", "get_time"]  # parallel results, in order
+
+
+@pytest.mark.parametrize("malform", [None, "whitespace", "no_section_end", "stray_in_section", "text_after_section"])
+def test_broken_sections_written_by_the_loopback_are_read_back(kimi, malform):
+    """The loopback writes a section broken each way servers break it; the parser still reads the
+    calls the writer reports, and counts what it leaves outside any call."""
+    from eagle3_assets.testing.loopback.tool_replies import ToolCaller
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    prompt_ids = kimi.render_prompt([{"role": "user", "content": "Weather in Oslo?"}], tools)
+    reply = ToolCaller(kimi, malform).reply(prompt_ids, kimi.encode_text("Oslo is cold today") + [kimi.end_of_turn_id])
+    ids = reply.output_ids
+    assert (SE in ids) == (malform != "no_section_end") and ids[-1] == kimi.end_of_turn_id
+    head, calls, left = KimiFormat.of(kimi).split_counted(kimi, ids)
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in reply.tool_calls]
+    assert (left > 0) == (malform == "stray_in_section")
+    if malform == "text_after_section":
+        assert kimi.decode(ids[ids.index(SE) + 1:-1]) == " Done."
+    with pytest.raises(ValueError, match="malform must be one of"):
+        ToolCaller(kimi, "typo")

@@ -77,7 +77,8 @@ class KimiFormat:
         As lenient as vLLM's ``kimi_k2`` parser: ids between the markers (whitespace, stray text) are
         skipped, a missing ``<|tool_calls_section_end|>`` ends the section at the reply's end, the
         section end closes a call whose ``<|tool_call_end|>`` is missing, and a call header that is not
-        ``<name>:<index>`` (vLLM's id pattern) or has no arguments marker is no call. Leftovers are
+        ``<name>:<index>`` (vLLM's id pattern) or has no arguments marker is no call; without a section end
+the end-of-turn id closes the section, as the stop token ends the text vLLM parses. Leftovers are
         the skipped ids that are not whitespace; the caller counts them."""
         if self.section_begin not in ids:
             return ids, None, 0
@@ -85,6 +86,8 @@ class KimiFormat:
         body = ids[start + 1:]
         if self.section_end in body:
             body = body[:body.index(self.section_end)]
+        elif getattr(tok, "end_of_turn_id", None) in body:  # no section end: the turn's end closes it
+            body = body[:body.index(tok.end_of_turn_id)]
         calls, skipped, i = [], [], 0
         while i < len(body):
             if body[i] != self.call_begin:

@@ -10,6 +10,9 @@ never was), then ``<|tool_calls_section_begin|>``, per call ``<|tool_call_begin|
 generated, not with the tokenizer's canonical encoding of the text, so a reply's ids differ from a
 re-encoding of its text where a model's would: that is what re-rendering calls must cope with.
 Everything is a deterministic function of the prompt and the model's output.
+
+``malform`` writes the section the ways servers are seen to break it (see :data:`MALFORMED`),
+so the parser's leniency and the re-rendering's agreement can be measured on such replies.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ TS_FUNCTION_EMPTY = re.compile(r"^type (\S+) = \(_: \{\}\) => any;", re.M)
 TS_FIELD = re.compile(r"^  (\w+)(\??): (.+?),?$", re.M)
 SAFE_VALUE = re.compile(r"^ ?[A-Za-z0-9]+$")
 JSON_KINDS = {"string": "string", "number": "number", "integer": "number", "boolean": "boolean", "array": "Array<any>"}
+MALFORMED = {  # how a Kimi tool-call section comes out broken, and what is written for it
+    "whitespace": "a newline after the section begin, between calls and before the section end",
+    "no_section_end": "the reply ends after the last call's <|tool_call_end|>, no <|tool_calls_section_end|>",
+    "stray_in_section": "a few words between the calls and after the last one, inside the section",
+    "text_after_section": "a sentence after <|tool_calls_section_end|>, before the end of turn",
+}
 
 
 @dataclass
@@ -77,11 +86,14 @@ def last_turn_is_a_result(prompt_text: str) -> bool:
 class ToolCaller:
     """Writes the tool-call reply of one request; ``tok`` is the target's ``TargetTokenizer``."""
 
-    def __init__(self, tok):
+    def __init__(self, tok, malform: str | None = None):
         from eagle3_assets.tokens.tool_calls import KimiFormat
 
+        if malform is not None and malform not in MALFORMED:
+            raise ValueError(f"malform must be one of {sorted(MALFORMED)}, got {malform!r}")
         self.tok = tok
         self.fmt = KimiFormat.of(tok)
+        self.malform = malform
 
     def reply(self, prompt_ids: list[int], output_ids: list[int]) -> ToolReply | None:
         """The reply with its calls, or None: no tools declared, the last turn a tool result, or a
@@ -98,17 +110,21 @@ class ToolCaller:
         words = self._value_ids(body)
         n_calls = 2 if len(tools) > 1 and h[0] % 3 == 0 else 1
         before = text.count("<|tool_call_begin|>")
-        section, calls = [self.fmt.section_begin], []
+        gap = {"whitespace": self.tok.encode_text("\n"), "stray_in_section": self.tok.encode_text(" ok then")
+               }.get(self.malform, [])
+        section, calls = [self.fmt.section_begin, *(gap if self.malform == "whitespace" else [])], []
         for k in range(n_calls):
             name, fields = tools[(h[1] + k) % len(tools)]
             call_id, arguments = f"functions.{name}:{before + k}", self._arguments(fields, words, h[2 + k:])
             section += [self.fmt.call_begin, *self.tok.encode_text(call_id), self.fmt.argument_begin, *arguments,
-                        self.fmt.call_end]
+                        self.fmt.call_end, *gap]
             # the calls as a provider's parser reports them, from what was written here (not read back
             # with the project's KimiFormat.split, which the project's re-rendering is checked against)
             calls.append({"id": call_id, "type": "function",
                           "function": {"name": name, "arguments": self.tok.decode(arguments)}})
-        ids = head + section + [self.fmt.section_end, self.tok.end_of_turn_id]
+        end = {"no_section_end": [], "text_after_section": [self.fmt.section_end, *self.tok.encode_text(" Done.")]
+               }.get(self.malform, [self.fmt.section_end])
+        ids = head + section + end + [self.tok.end_of_turn_id]
         pre = self.tok.decode(head)
         thinking = self.tok.opens_think(prompt_ids)
         reasoning, content = (pre.split("</think>", 1) + [""])[:2] if thinking else (None, pre)
