@@ -58,9 +58,9 @@ def _tc(cid, name: str) -> dict:
 
 
 def test_history_call_ids_in_kimis_form_with_their_results():
-    """OpenAI ``call_...`` ids, a provider's bare ``name:idx`` and Kimi's own, parallel calls over two
-    agent turns: every call gets ``functions.<name>:<index>`` counting the conversation's calls, and
-    each result still answers its own call."""
+    """OpenAI ``call_...`` ids, a provider's bare ``name:idx`` and Kimi's own, parallel calls over
+    several agent turns, repeated ids: every call gets ``functions.<name>:<index>`` counting the
+    conversation's calls, and each result still answers its own call."""
     msgs = [{"role": "user", "content": "Weather in Oslo and Rome, and the time?"},
             {"role": "assistant", "content": "", "tool_calls": [_tc("call_9xq", "get_weather"), _tc("call_7ab", "get_weather")]},
             {"role": "tool", "tool_call_id": "call_7ab", "name": "get_weather", "content": "sun"},
@@ -71,12 +71,30 @@ def test_history_call_ids_in_kimis_form_with_their_results():
             {"role": "tool", "tool_call_id": "functions.get_weather:0", "name": "get_weather", "content": "rain"}]
     out, changed = kimi_history_ids(msgs)
     assert [c["id"] for c in out[1]["tool_calls"]] == ["functions.get_weather:0", "functions.get_weather:1"]
-    # a bare id keeps its index; an id that would repeat an earlier call's gets the running index
+    # every id counts the conversation's calls, whatever index the file gave
     assert [c["id"] for c in out[4]["tool_calls"]] == ["functions.get_time:2", "functions.get_weather:3"]
     assert [m.get("tool_call_id") for m in out if m["role"] == "tool"] == [
         "functions.get_weather:1", "functions.get_weather:0", "functions.get_time:2", "functions.get_weather:3"]
     assert changed == 4 and msgs[1]["tool_calls"][0]["id"] == "call_9xq"  # the input is left as it was
     assert kimi_history_ids(out) == (out, 0)  # already in Kimi's form: unchanged
+
+    # a provider's index restarting each turn, and one id used for two calls of a turn
+    turns = [{"role": "user", "content": "go"},
+             {"role": "assistant", "content": "", "tool_calls": [_tc("get_weather:0", "get_weather")]},
+             {"role": "tool", "tool_call_id": "get_weather:0", "content": "sun"},
+             {"role": "assistant", "content": "", "tool_calls": [_tc("get_time:0", "get_time")]},
+             {"role": "tool", "tool_call_id": "get_time:0", "content": "10:00"},
+             {"role": "assistant", "content": "", "tool_calls": [_tc("x", "get_weather"), _tc("x", "get_time")]},
+             {"role": "tool", "tool_call_id": "x", "content": "rain"}, {"role": "tool", "tool_call_id": "x", "content": "9:00"}]
+    out, _ = kimi_history_ids(turns)
+    assert [c["id"] for m in out if m.get("tool_calls") for c in m["tool_calls"]] == [
+        "functions.get_weather:0", "functions.get_time:1", "functions.get_weather:2", "functions.get_time:3"]
+    assert [m["tool_call_id"] for m in out if m["role"] == "tool"] == [
+        "functions.get_weather:0", "functions.get_time:1", "functions.get_weather:2", "functions.get_time:3"]
+    repeated = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": [
+        _tc("functions.f:1", "f"), _tc("call_a", "f"), _tc("functions.f:1", "f")]}]
+    ids = [c["id"] for c in kimi_history_ids(repeated)[0][1]["tool_calls"]]
+    assert ids == ["functions.f:0", "functions.f:1", "functions.f:2"]
 
 
 def test_history_ids_rebuilt_in_the_prompt_table(tmp_path, kimi):

@@ -18,6 +18,7 @@ results that answer them by :func:`kimi_history_ids` (the prompt table is writte
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 
 from eagle3_assets.generation.tool_calls import reply_calls
@@ -142,30 +143,28 @@ def kimi_history_ids(messages: list[dict]) -> tuple[list[dict], int]:
     """The conversation with its history calls in Kimi's id form, each result's ``tool_call_id``
     following its call; and how many ids changed.
 
-    K2.5 writes a history call's id verbatim (``<|tool_call_begin|>ID`` and ``## Return of ID``),
-    and what it was trained on, and writes itself, is ``functions.<name>:<index>`` with ``index``
-    counting the conversation's calls from 0 (Moonshot's tool-call guide; vLLM's and SGLang's
-    ``kimi_k2`` parsers read that header). A provider's ``call_...`` id in the history is a
-    string the model never produces, so it is rebuilt the way :meth:`KimiFormat.kimi_ids` rebuilds
-    a reply's. An id that would repeat an earlier one gets the running index instead."""
-    out, renamed, used, changed, index = [], {}, set(), 0, 0
+    K2.5 writes a history call's id verbatim (``<|tool_call_begin|>ID`` and ``## Return of ID``) and
+    writes its own as ``functions.<name>:<index>`` (the form in Moonshot's tool-call guide), the
+    index counting the conversation's calls from 0: what SGLang's and vLLM's chat serving put in
+    a new call's id (the history's call count; SGLang PR 10612). So every history call gets that
+    id, whatever the file had (``call_...``, a provider's ``name:0`` restarting each turn, repeats),
+    and each result the id of the call it answers: the oldest call not yet answered that had the
+    result's id in the file."""
+    out, waiting, last, changed, index = [], {}, {}, 0, 0
     for m in messages:
         if m.get("role") == "assistant" and m.get("tool_calls"):
             calls = []
             for c in m["tool_calls"]:
-                name, old = c["function"]["name"], c.get("id")
-                cid = kimi_call_id(old, name, index)
-                if cid in used:
-                    cid = f"functions.{name}:{index}"
-                used.add(cid)
+                old, cid = c.get("id"), f"functions.{c['function']['name']}:{index}"
                 index += 1
                 changed += cid != old
-                if isinstance(old, str):
-                    renamed[old] = cid
+                waiting.setdefault(old, deque()).append(cid)
+                last[old] = cid
                 calls.append({**c, "id": cid})
             m = {**m, "tool_calls": calls}
-        elif m.get("role") == "tool" and m.get("tool_call_id") in renamed:
-            m = {**m, "tool_call_id": renamed[m["tool_call_id"]]}
+        elif m.get("role") == "tool" and m.get("tool_call_id") in last:
+            tid = m["tool_call_id"]
+            m = {**m, "tool_call_id": waiting[tid].popleft() if waiting[tid] else last[tid]}
         out.append(m)
     return out, changed
 
