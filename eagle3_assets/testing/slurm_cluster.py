@@ -98,8 +98,14 @@ class LocalSlurm:
         return res.stdout.split()
 
 
-def write_config(root: Path, node: str, cpus: int, memory_mb: int) -> LocalSlurm:
+def write_config(root: Path, node: str, cpus: int, memory_mb: int, *, nodes: list[tuple[str, str]] | None = None,
+                 controller_addr: str = "127.0.0.1") -> LocalSlurm:
+    """The folder and ``slurm.conf`` of a cluster whose controller is ``node`` at ``controller_addr``;
+    its compute nodes are ``nodes`` (name, address), by default ``node`` itself on the loopback,
+    each given ``cpus`` and an equal share of ``memory_mb``."""
     cluster = LocalSlurm(root, node, cpus, memory_mb)
+    nodes = nodes or [(node, "127.0.0.1")]
+    several = len(nodes) > 1  # one slurmd per node on this machine: its pid, log and spool named by %n
     for sub in ("munge", "state", "spool", "log"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     cluster.run_dir.mkdir(exist_ok=True)
@@ -109,10 +115,13 @@ def write_config(root: Path, node: str, cpus: int, memory_mb: int) -> LocalSlurm
     if not key.exists():
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
-    usable = int(memory_mb * 0.9)  # below what slurmd reports, or it drains the node
+    usable = int(memory_mb * 0.9) // len(nodes)  # below what slurmd reports, or it drains the node
+    per_node = "-%n" if several else ""
+    node_lines = "\n".join(f"NodeName={name} NodeAddr={addr} CPUs={cpus} RealMemory={usable} State=UNKNOWN"
+                           for name, addr in nodes)
     cluster.conf.write_text(f"""\
 ClusterName=eagle3local
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={node}({controller_addr})
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
 SlurmUser=root
@@ -121,11 +130,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={cluster.socket}
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool{per_node}
 SlurmctldPidFile={cluster.run_dir}/slurmctld.pid
-SlurmdPidFile={cluster.run_dir}/slurmd.pid
+SlurmdPidFile={cluster.run_dir}/slurmd{per_node}.pid
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd{per_node}.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -141,8 +150,8 @@ SlurmdTimeout=30
 MinJobAge=600
 KillWait=10
 DefMemPerCPU={usable // max(1, cpus)}
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={usable} State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
+{node_lines}
+PartitionName=debug Nodes={",".join(name for name, _ in nodes)} Default=YES MaxTime=INFINITE State=UP
 """)
     return cluster
 
@@ -167,39 +176,54 @@ def start(root: Path, timeout: float = 60.0) -> LocalSlurm:
         raise SlurmClusterError("the local SLURM cluster runs as root (slurmd starts jobs as their user)")
     root = Path(root).resolve()
     cluster = write_config(root, *node_hardware())
-    env = {**os.environ, **cluster.env()}
+    start_daemons(cluster, [["slurmd", "-f", str(cluster.conf), "-N", cluster.node]])
+    wait_for_nodes(cluster, [cluster.node], timeout)
+    return cluster
+
+
+def start_daemons(cluster: LocalSlurm, slurmd_commands: list[list[str]]) -> None:
+    """munged and slurmctld here, then each slurmd command; stops what started when one fails."""
+    root, env = cluster.root, {**os.environ, **cluster.env()}
     commands = [
         ["munged", f"--socket={cluster.socket}", f"--key-file={root}/munge/munge.key", f"--pid-file={cluster.run_dir}/munged.pid",
          f"--log-file={root}/log/munged.log", f"--seed-file={root}/munge/munged.seed"],
         ["slurmctld", "-f", str(cluster.conf)],
-        ["slurmd", "-f", str(cluster.conf), "-N", cluster.node],
+        *slurmd_commands,
     ]
     for cmd in commands:
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
         if res.returncode != 0:
             stop(cluster)
-            raise SlurmClusterError(f"{cmd[0]} did not start ({res.returncode}): {res.stderr.strip()}\n{cluster.logs()}")
+            what = f"slurmd -N {cmd[-1]}" if "slurmd" in cmd else cmd[0]
+            raise SlurmClusterError(f"{what} did not start ({res.returncode}): {res.stderr.strip()}\n{cluster.logs()}")
+
+
+def wait_for_nodes(cluster: LocalSlurm, nodes: list[str], timeout: float = 60.0) -> None:
+    """Until every node takes jobs; stops the cluster and says which did not."""
     deadline = time.monotonic() + timeout
     while True:
-        state = cluster.run("sinfo", "-h", "-n", cluster.node, "-o", "%T").stdout.strip()
-        if state in ("idle", "mixed", "allocated"):
-            return cluster
+        out = cluster.run("sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T").stdout.split()
+        states = dict(zip(out[::2], out[1::2]))
+        if all(states.get(n) in ("idle", "mixed", "allocated") for n in nodes):
+            return
         if time.monotonic() > deadline:
             stop(cluster)
-            raise SlurmClusterError(f"the node is {state or 'unknown'} after {timeout:.0f} s\n{cluster.logs()}")
+            shown = ", ".join(f"{n} {states.get(n, 'unknown')}" for n in nodes)
+            raise SlurmClusterError(f"nodes not ready after {timeout:.0f} s: {shown}\n{cluster.logs()}")
         time.sleep(0.5)
 
 
 def stop(cluster: LocalSlurm, timeout: float = 30.0) -> None:
     """Cancel every job, stop the daemons this folder's pid files name (never others), wait for them."""
     pids = {name: _pid(cluster.run_dir / f"{name}.pid") for name in ("slurmd", "slurmctld", "munged")}
+    pids |= {p.stem: _pid(p) for p in cluster.run_dir.glob("slurmd-*.pid")}  # one per node of a several-node cluster
     if _alive(pids["slurmctld"]):
         with contextlib.suppress(subprocess.TimeoutExpired):
             cluster.run("scancel", "-u", "root", timeout=20)
             deadline = time.monotonic() + timeout
             while cluster.jobs() and time.monotonic() < deadline:
                 time.sleep(0.5)
-    for name in ("slurmd", "slurmctld", "munged"):
+    for name in sorted(pids, key=lambda n: (not n.startswith("slurmd"), n != "slurmctld")):
         pid = pids[name]
         if not _alive(pid):
             continue
