@@ -62,6 +62,7 @@ def test_torchrun_under_srun_rendezvous_on_the_first_node(tmp_path):
                  "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=h200", "#SBATCH --account=llm",
                  "#SBATCH --qos=high", "#SBATCH --mem=0", "#SBATCH --time=24:00:00", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --cpus-per-task=64", "#SBATCH --exclusive", "#SBATCH --comment=dagster-run:abc",
+                 "#SBATCH --no-requeue",
                  "module load cuda/12.4", "export NCCL_DEBUG=WARN", "export EAGLE3_HOME=/shared/data"):
         assert line in text.splitlines(), line
     # environment setup comes before the exports and the srun line
@@ -88,6 +89,12 @@ def test_plain_process_on_one_node_in_a_container_and_the_exit_code_kept(tmp_pat
                     "--bind=/shared", "/shared/eagle3.sif", "python", "-m", "eagle3_assets.hidden_states.extract_job",
                     "--config", "/d/x y.json"]
     assert json.loads((tmp_path / "exit-4242.json").read_text())["exit_code"] == 3
+
+    # data-parallel over nodes: the plain process on every task, each its share
+    per_node = Launch(launch.name, launch.module, launch.args, per_node=True)
+    line = next(x for x in render_script(per_node, JobResources(nodes=2), JobEnvironment(), tmp_path).splitlines()
+                if x.startswith("srun"))
+    assert "--nodes=1" not in line and "--ntasks=1" not in line
 
     pyxis = JobEnvironment(container="nvcr.io#org/eagle3:0.1", container_runtime="pyxis", container_mounts=["/shared"])
     line = next(x for x in render_script(launch, JobResources(), pyxis, tmp_path).splitlines() if x.startswith("srun"))

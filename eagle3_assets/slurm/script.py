@@ -1,7 +1,9 @@
 """The batch script of one stage's job: resources, environment setup, and the stage's entry point.
 
-A stage runs either one plain process on the first node (extraction with the local or vLLM
-backend) or ``torchrun`` under ``srun`` on every task of the job (training, SGLang extraction):
+A stage runs one plain process on the first node (extraction with the local or vLLM backend on
+one node), one plain process on every task (the same extraction data-parallel over several
+nodes, each task its share), or ``torchrun`` under ``srun`` on every task of the job (training,
+SGLang extraction):
 one torchrun agent per task, rendezvous (``c10d``) on the first host of the job's node list, so
 ``nodes x tasks_per_node`` agents of ``procs`` workers each form one process group.
 """
@@ -72,6 +74,7 @@ class Launch:
     module: str
     args: list[str]
     procs: int | None = None  # None: one plain process; N: torchrun with N workers per task
+    per_node: bool = False  # procs None: the plain process on every task of the job, not only the first
     exports: dict[str, str] = field(default_factory=dict)  # environment the tasks need
 
 
@@ -101,8 +104,10 @@ def render_script(launch: Launch, resources: JobResources, environment: JobEnvir
     """The whole batch script (its output goes to ``job_dir/slurm-<id>.out``)."""
     job_dir = Path(job_dir)
     r, e = resources, environment
+    # --no-requeue: a job whose node fails ends (NODE_FAIL) and so does its Dagster step, with the
+    # survivors' log; requeued, it would pend until the same number of nodes is up again, unseen
     directives = [f"--job-name={launch.name}", f"--output={job_dir}/slurm-%j.out", f"--nodes={r.nodes}",
-                  f"--ntasks-per-node={r.tasks_per_node}"]
+                  f"--ntasks-per-node={r.tasks_per_node}", "--no-requeue"]
     for flag, value in (("partition", r.partition), ("account", r.account), ("qos", r.qos), ("mem", r.mem),
                         ("time", r.time_limit), ("comment", comment)):
         if value:
@@ -125,7 +130,7 @@ def render_script(launch: Launch, resources: JobResources, environment: JobEnvir
               'echo "eagle3: job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s) [$SLURM_JOB_NODELIST], '
               '$SLURM_NTASKS task(s), head $EAGLE3_HEAD:$EAGLE3_PORT"']
     srun = ["srun", "--export=ALL", "--kill-on-bad-exit=1"]
-    if launch.procs is None:
+    if launch.procs is None and not launch.per_node:
         srun += ["--nodes=1", "--ntasks=1"]
     srun += e.srun_options
     prefix: list[str] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 
 import torch
 
@@ -41,6 +42,9 @@ def init_distributed(device: str = "auto") -> torch.device:
     cuda = torch.cuda.is_available() and device in ("auto", "cuda")
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
+        # one line per rank in the job's output: which node each rank landed on
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        print(f"eagle3: rank {dist.get_rank()}/{world} on {node} (local rank {local})", flush=True)
     if device not in ("auto", "cuda"):
         return torch.device(device)
     if cuda:
