@@ -120,16 +120,29 @@ def extract_corpus(
     disk_margin: float = 0.1,
     retry_quarantined: bool = False,
     background_writes: bool = True,
+    share: tuple[int, int] | None = None,
+    skip_ids: set[str] | None = None,
 ) -> ExtractionReport:
     """Extract every corpus sample not yet stored; safe to re-run after a crash.
 
     ``batch_tokens`` bounds the padded size of one forward batch; ``shard_bytes`` the size of
     one shard file. With ``background_writes`` a shard is written while the next batch runs.
+    ``share`` (rank, world): only this node's share of the corpus (:func:`parts.node_of`);
+    ``skip_ids``: samples stored elsewhere already (the main directory of a data-parallel job).
     """
     check_dtype(dtype)
     out_dir = Path(out_dir)
     started = time.perf_counter()
     corpus = load_corpus(corpus_parquet)
+    corpus_rows = corpus.height  # the manifest's: the whole corpus, whatever share this run takes
+    if share is not None and share[1] > 1:
+        from eagle3_assets.hidden_states.parts import node_of
+
+        rank, world = share
+        corpus = corpus.filter(pl.col("sample_id").map_elements(lambda s: node_of(s, world) == rank,
+                                                                return_dtype=pl.Boolean))
+    if skip_ids:
+        corpus = corpus.filter(~pl.col("sample_id").is_in(list(skip_ids)))
     desc = extractor.describe()
     hidden = int(extractor.hidden_size)
     report = ExtractionReport(out_dir=str(out_dir), planned=corpus.height)
@@ -193,7 +206,7 @@ def extract_corpus(
                 report.seconds = time.perf_counter() - started
                 progress(report)
         manifest = writer.close({
-            "corpus": {"path": str(corpus_parquet), "rows": corpus.height, "sha256": sha256_file(Path(corpus_parquet))},
+            "corpus": {"path": str(corpus_parquet), "rows": corpus_rows, "sha256": sha256_file(Path(corpus_parquet))},
             "backend": desc.get("backend"),
             "extraction": {"batch_tokens": batch_tokens, "shard_bytes": shard_bytes},
         })

@@ -63,6 +63,7 @@ class ExtractionJob(JobFile):
     retry_quarantined: bool = False
     threads: int = Field(0, ge=0)
     vllm: VLLMServerSpec | None = None
+    nodes: int = Field(1, ge=1)  # >1: one process per node (SLURM_PROCID), each its share into parts/
 
 
 def build_extractor(job: ExtractionJob, stack: ExitStack):
@@ -100,13 +101,36 @@ def run_extraction(job: ExtractionJob, progress=None) -> ExtractionReport:
         import torch
 
         torch.set_num_threads(job.threads)
+    rank, world = job_rank(job)
+    out, share, skip = Path(job.out_dir), None, None
+    if world > 1:
+        from eagle3_assets.hidden_states.parts import part_dir, stored_ids
+
+        out, share, skip = part_dir(job.out_dir, rank, world), (rank, world), stored_ids(job.out_dir)
+        print(f"eagle3: extraction node {rank}/{world} on {os.uname().nodename}: its share into {out}", flush=True)
     with ExitStack() as stack:
         extractor = build_extractor(job, stack)
-        report = extract_corpus(job.corpus, job.out_dir, extractor, dtype=job.dtype, shard_bytes=job.shard_bytes,
+        report = extract_corpus(job.corpus, out, extractor, dtype=job.dtype, shard_bytes=job.shard_bytes,
                                 batch_tokens=job.batch_tokens, retry_quarantined=job.retry_quarantined,
-                                progress=progress)
-    (Path(job.out_dir) / REPORT).write_text(json.dumps(asdict(report), indent=2))
+                                progress=progress, share=share, skip_ids=skip)
+    if world > 1:
+        from eagle3_assets.hidden_states.parts import write_report
+
+        write_report(Path(job.out_dir), report, rank, world)
+    else:
+        (Path(job.out_dir) / REPORT).write_text(json.dumps(asdict(report), indent=2))
     return report
+
+
+def job_rank(job: ExtractionJob) -> tuple[int, int]:
+    """(this process's node, the job's node count): SLURM's task id in a data-parallel job."""
+    if job.nodes <= 1:
+        return 0, 1
+    rank = int(os.environ.get("SLURM_PROCID", "-1"))
+    if not 0 <= rank < job.nodes or int(os.environ.get("SLURM_NTASKS", "0")) != job.nodes:
+        raise ValueError(f"a {job.nodes}-node extraction runs as one SLURM task per node (SLURM_PROCID "
+                         f"{os.environ.get('SLURM_PROCID')!r}, SLURM_NTASKS {os.environ.get('SLURM_NTASKS')!r})")
+    return rank, job.nodes
 
 
 def _stop_on_sigterm(signum, frame):
@@ -124,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    if not os.environ.get("DAGSTER_PIPES_CONTEXT"):
+    if not os.environ.get("DAGSTER_PIPES_CONTEXT") or job_rank(job)[0] != 0:  # one node reports to Dagster
         run_extraction(job)
         return 0
     from dagster_pipes import open_dagster_pipes

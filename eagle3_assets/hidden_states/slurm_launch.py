@@ -1,7 +1,9 @@
 """The ``hidden_states`` asset with ``launcher: slurm``: one SLURM job per dataset, every backend.
 
-- ``local``: ``extract_job`` (transformers) as one process on the job's node;
-- ``vllm``: ``extract_job`` starts a vLLM extraction server on the node and extracts through it;
+- ``local``: ``extract_job`` (transformers) as one process on the job's node, or one per node of a
+  several-node job, each its share of the corpus (``parts.py``), folded into one manifest after;
+- ``vllm``: ``extract_job`` starts a vLLM extraction server on the node (on each node) and extracts
+  through it;
 - ``sglang``: the SGLang job (``sglang_extract``) under ``torchrun``, ``tp_size`` ranks over the job's tasks.
 
 The job writes into the dataset's hidden-state directory on the shared filesystem, so a job that
@@ -14,7 +16,9 @@ import polars as pl
 
 from eagle3_assets.hidden_states.extract import ExtractionReport
 from eagle3_assets.hidden_states.extract_job import ExtractionJob, VLLMServerSpec
+from eagle3_assets.hidden_states.parts import combine_reports, merge_parts, report_name
 from eagle3_assets.hidden_states.sglang_extract import load_report
+from eagle3_assets.slurm import scheduler
 from eagle3_assets.slurm.script import Launch, forwarded_env
 
 
@@ -52,12 +56,13 @@ def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, ta
         shard_bytes=config.shard_bytes, batch_tokens=config.batch_tokens, retry_quarantined=config.retry_quarantined,
         threads=target.threads,
         vllm=vllm_server_spec(config, target, vllm, slurm, corpus, spec) if config.backend == "vllm" else None,
+        nodes=tasks,
     )
     out.mkdir(parents=True, exist_ok=True)
     job_path = out.parent / f".{out.name}.extract-job.json"
     job_path.write_text(job.model_dump_json(indent=2))
     return Launch(name, "eagle3_assets.hidden_states.extract_job", ["--config", str(job_path)],
-                  exports=forwarded_env())
+                  exports=forwarded_env(), per_node=tasks > 1)
 
 
 def launch_on_slurm(context, config, target, vllm, slurm, layout, dataset: str) -> tuple[ExtractionReport, dict]:
@@ -68,6 +73,23 @@ def launch_on_slurm(context, config, target, vllm, slurm, layout, dataset: str) 
                                 f"materialize merged_corpus[{dataset}] first")
     client = slurm.client(layout, config.slurm)
     launch = extraction_launch(config, target, vllm, slurm, layout.corpus(dataset), out, dataset, client.resources.tasks)
+    if not scheduler.live_jobs_named(launch.name):  # what nodes of an earlier job finished, kept before it starts
+        merge_parts(out)
+    tasks = client.resources.tasks
     invocation = client.run(context=context, launch=launch)
     invocation.get_results()
-    return load_report(out), dict(invocation.metadata)
+    if config.backend == "sglang" or tasks == 1:
+        return load_report(out), dict(invocation.metadata)
+    manifest = merge_parts(out)
+    reports = [load_report_file(out / report_name(r, tasks)) for r in range(tasks)]
+    report = combine_reports(reports, ExtractionReport)
+    # the nodes planned their shares of what was not stored yet; the job planned the whole corpus
+    report.out_dir, report.planned = str(out), manifest["corpus"]["rows"]
+    report.already_done = report.planned - report.extracted - report.quarantined_new
+    return report, dict(invocation.metadata)
+
+
+def load_report_file(path) -> ExtractionReport:
+    import json
+
+    return ExtractionReport(**json.loads(path.read_text()))
