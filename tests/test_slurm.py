@@ -12,6 +12,7 @@ is the same.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import threading
@@ -68,13 +69,13 @@ def _materialize(instance, asset: str, partition: str, config: dict, **resources
                           resources=res, raise_on_error=False, run_config={"ops": {asset: {"config": config}}})
 
 
-@pytest.fixture(scope="module")
-def root(slurm_cluster, model_dir, tmp_path_factory):
+@contextlib.contextmanager
+def corpus_root(tmp_path_factory, name: str):
     """A data root with the corpus of one dataset (half held out, for the drafter's evaluation)."""
     from eagle3_assets.paths import DataLayout
     from resources import DatasetSettings
 
-    layout = DataLayout(tmp_path_factory.mktemp("slurm-data") / "data")
+    layout = DataLayout(tmp_path_factory.mktemp(name) / "data")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EAGLE3_HOME", str(layout.root))
         mp.setenv("OMP_NUM_THREADS", "1")  # forwarded to the jobs: two tasks share the two cores
@@ -84,6 +85,12 @@ def root(slurm_cluster, model_dir, tmp_path_factory):
         with dg.instance_for_test() as instance:
             assert run_dataset(instance, DATASET, resources={"dataset_settings": DatasetSettings(eval_fraction=0.5)}).success
             yield layout, instance
+
+
+@pytest.fixture(scope="module")
+def root(slurm_cluster, model_dir, tmp_path_factory):
+    with corpus_root(tmp_path_factory, "slurm-data") as r:
+        yield r
 
 
 @pytest.fixture(scope="module")
@@ -213,19 +220,25 @@ def trained(root, extracted):
 
 
 def test_training_as_a_two_task_job_equals_the_local_two_process_run(root, trained, tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    from eagle3_assets.drafter.training.config import TrainJob
-    from eagle3_assets.paths import REPO_ROOT
-
     result, saved = trained
     meta = {k: v.value for k, v in result.asset_materializations_for_node("drafter_checkpoint")[0].metadata.items()}
     assert meta["slurm_state"] == "COMPLETED" and meta["slurm_tasks"] == 2
     assert meta["world_size"] == 2 and meta["steps"] == 16  # reported by rank 0 through Pipes
     log = (saved.parent / "slurm").glob(f"drafter_checkpoint/{RECIPE}/*/slurm-{meta['slurm_job_id']}.out")
     assert "2 task(s)" in next(log).read_text()
+
+    assert_equals_two_local_processes(saved, tmp_path)
+
+
+def assert_equals_two_local_processes(saved, tmp_path) -> None:
+    """The job's checkpoint equals, bit for bit, the same job run here by a 2-process torchrun (the
+    same global batch; a two-rank all-reduce adds the same two tensors either way)."""
+    import os
+    import subprocess
+    import sys
+
+    from eagle3_assets.drafter.training.config import TrainJob
+    from eagle3_assets.paths import REPO_ROOT
 
     job = TrainJob.from_json(saved / "job.json")
     local_job = job.model_copy(update={"out_dir": str(tmp_path / "local"), "pipes_asset_key": None})
@@ -242,25 +255,31 @@ def test_training_as_a_two_task_job_equals_the_local_two_process_run(root, train
     assert [m["loss"] for m in a["metrics"]] == [m["loss"] for m in b["metrics"]]
 
 
+def after_first_checkpoint(out, act) -> tuple[threading.Thread, dict]:
+    """A watcher that calls ``act(job_id)`` once the training job under ``out`` wrote its first
+    checkpoint; the dict gets the job id and the moment (``job``, ``at``)."""
+    record: dict = {}
+
+    def watch():
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and not (out / "checkpoints" / "latest").exists():
+            time.sleep(0.05)
+        jobs = scheduler.live_jobs_named(f"eagle3-drafter_checkpoint-{RECIPE}")
+        if jobs:
+            record["job"], record["at"] = jobs[0].job_id, time.monotonic()
+            act(jobs[0].job_id)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher, record
+
+
 def test_scancel_mid_training_then_relaunch_resumes(root, trained):
     layout, instance = root
     _, saved = trained
     out = layout.drafter_dir(RECIPE)
     shutil.rmtree(out)
-    name = f"eagle3-drafter_checkpoint-{RECIPE}"
-    cancelled = {}
-
-    def cancel_after_first_checkpoint():
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline and not (out / "checkpoints" / "latest").exists():
-            time.sleep(0.05)
-        jobs = scheduler.live_jobs_named(name)
-        if jobs:
-            cancelled["job"] = jobs[0].job_id
-            scheduler.scancel(jobs[0].job_id)
-
-    watcher = threading.Thread(target=cancel_after_first_checkpoint, daemon=True)
-    watcher.start()
+    watcher, cancelled = after_first_checkpoint(out, scheduler.scancel)
     first = _materialize(instance, "drafter_checkpoint", RECIPE, TRAIN_ON_SLURM)
     watcher.join(60)
     assert cancelled, "the job ended before it could be cancelled"

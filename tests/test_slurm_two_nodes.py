@@ -15,21 +15,25 @@ resolution, the rendezvous port, environment reaching both, a node dying) is the
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 
-import dagster as dg
 import pytest
 import torch
 
-from eagle3_assets.slurm import scheduler
-from tests.conftest import _skip_or_fail, small_prompts, write_jsonl
-from tests.dagster_helpers import checks_by_name, run_dataset
-from tests.test_slurm import DATASET, RECIPE, TEST_RECIPE, _checkpoint, _failures, _materialize
+from tests.conftest import _skip_or_fail
+from tests.dagster_helpers import checks_by_name
+from tests.test_slurm import (
+    DATASET,
+    RECIPE,
+    _checkpoint,
+    _failures,
+    _materialize,
+    after_first_checkpoint,
+    assert_equals_two_local_processes,
+    corpus_root,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.model]
 
@@ -55,22 +59,11 @@ def two_nodes(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def root(two_nodes, model_dir, tmp_path_factory):
-    """A data root with one dataset's corpus and its hidden states (extracted in this process)."""
-    from eagle3_assets.paths import DataLayout
-    from resources import DatasetSettings
-
-    layout = DataLayout(tmp_path_factory.mktemp("slurm2-data") / "data")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EAGLE3_HOME", str(layout.root))
-        mp.setenv("OMP_NUM_THREADS", "1")  # forwarded to the jobs: two nodes share the two cores
-        write_jsonl(layout.prompt_source(DATASET), small_prompts(8))
-        (layout.root / "recipes").mkdir(parents=True)
-        (layout.root / "recipes" / f"{RECIPE}.toml").write_text(TEST_RECIPE)
-        with dg.instance_for_test() as instance:
-            assert run_dataset(instance, DATASET, resources={"dataset_settings": DatasetSettings(eval_fraction=0.5)}).success
-            result = _materialize(instance, "hidden_states", DATASET, {"launcher": "local"})
-            assert result.success, _failures(result)
-            yield layout, instance
+    """The one-node tests' data root (one dataset's corpus), its hidden states extracted in this process."""
+    with corpus_root(tmp_path_factory, "slurm2-data") as (layout, instance):
+        result = _materialize(instance, "hidden_states", DATASET, {"launcher": "local"})
+        assert result.success, _failures(result)
+        yield layout, instance
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +77,6 @@ def trained(root, two_nodes):
 
 
 def test_training_across_two_nodes_equals_two_processes_on_one(root, trained, two_nodes, tmp_path):
-    from eagle3_assets.drafter.training.config import TrainJob
-    from eagle3_assets.paths import REPO_ROOT
-
     result, saved = trained
     meta = {k: v.value for k, v in result.asset_materializations_for_node("drafter_checkpoint")[0].metadata.items()}
     assert meta["slurm_state"] == "COMPLETED" and meta["slurm_tasks"] == 2 and meta["world_size"] == 2
@@ -95,19 +85,7 @@ def test_training_across_two_nodes_equals_two_processes_on_one(root, trained, tw
     assert "2 node(s)" in log and f"head {a}:" in log  # the rendezvous on the first host of the node list
     assert f"rank 0/2 on {a}" in log and f"rank 1/2 on {b}" in log  # each node's output reached the job's log
 
-    job = TrainJob.from_json(saved / "job.json")
-    local_job = job.model_copy(update={"out_dir": str(tmp_path / "local"), "pipes_asset_key": None})
-    path = local_job.write(tmp_path / "local.json")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")} | {"OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                          "-m", "eagle3_assets.drafter.training", "--config", str(path)],
-                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    two, one = _checkpoint(saved), _checkpoint(tmp_path / "local")
-    assert two["step"] == one["step"] == 16 and two["world_size"] == one["world_size"] == 2
-    for name, t in two["model"].items():  # two ranks' all-reduce is a + b either way: bit for bit
-        assert torch.equal(t, one["model"][name]), name
-    assert [m["loss"] for m in two["metrics"]] == [m["loss"] for m in one["metrics"]]
+    assert_equals_two_local_processes(saved, tmp_path)  # two nodes, one rank each, as two processes on one
 
 
 def test_losing_a_node_fails_the_run_and_the_relaunch_resumes(root, trained, two_nodes):
@@ -115,20 +93,7 @@ def test_losing_a_node_fails_the_run_and_the_relaunch_resumes(root, trained, two
     _, saved = trained
     out = layout.drafter_dir(RECIPE)
     shutil.rmtree(out)
-    name = f"eagle3-drafter_checkpoint-{RECIPE}"
-    killed = {}
-
-    def kill_second_node_after_first_checkpoint():
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline and not (out / "checkpoints" / "latest").exists():
-            time.sleep(0.05)
-        jobs = scheduler.live_jobs_named(name)
-        if jobs:
-            killed["job"], killed["at"] = jobs[0].job_id, time.monotonic()
-            two_nodes.kill_node(1)
-
-    watcher = threading.Thread(target=kill_second_node_after_first_checkpoint, daemon=True)
-    watcher.start()
+    watcher, killed = after_first_checkpoint(out, lambda job: two_nodes.kill_node(1))
     first = _materialize(instance, "drafter_checkpoint", RECIPE, TRAIN_ON_TWO_NODES)
     failed_at = time.monotonic()
     watcher.join(60)
