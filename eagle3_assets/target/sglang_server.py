@@ -70,6 +70,7 @@ class SGLangServer(ServerProcess):
     device: str = "cpu"
     dtype: str = "float32"
     max_total_tokens: int = 4096
+    attention_backend: str = "torch_native"  # on a CPU; "intel_amx" for SGLang's EAGLE worker (see docs/sglang.md)
     return_hidden_states: bool = False
     extra_args: list[str] = field(default_factory=list)
     env: dict = field(default_factory=dict)
@@ -96,10 +97,19 @@ class SGLangServer(ServerProcess):
                "--host", self.host, "--port", str(self.port), "--device", self.device, "--dtype", self.dtype,
                "--max-total-tokens", str(self.max_total_tokens), "--skip-server-warmup"]
         if self.device == "cpu":
-            cmd += ["--attention-backend", "torch_native", "--disable-cuda-graph", "--mem-fraction-static", "0.1"]
+            cmd += ["--disable-cuda-graph", "--mem-fraction-static", "0.1"] + self._cpu_attention_args()
         if self.return_hidden_states:
             cmd.append("--enable-return-hidden-states")
         return cmd + list(self.extra_args)
+
+    def _cpu_attention_args(self) -> list[str]:
+        if self.attention_backend != "intel_amx":
+            return ["--attention-backend", self.attention_backend]
+        # SGLang swaps a base ``--attention-backend intel_amx`` for torch_native on a CPU without AMX
+        # (overrides._attention_backend_platform_fallbacks); the split prefill/decode settings it reads
+        # first are left as given, and its CPU kernels are the project's (testing/sglang_cpu), not AMX's.
+        return ["--attention-backend", "torch_native", "--prefill-attention-backend", "intel_amx",
+                "--decode-attention-backend", "intel_amx"]
 
     def environment(self) -> dict:
         from eagle3_assets.testing.sglang_cpu import server_environment
