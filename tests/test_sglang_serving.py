@@ -39,8 +39,8 @@ def sglang_export(embedded, model_dir, tmp_path_factory, one_torch_thread):
 
 @pytest.fixture(scope="module")
 def spec_server(model_dir, sglang_export, tmp_path_factory):
-    with SGLangServer(model_dir, attention_backend="intel_amx", workdir=tmp_path_factory.mktemp("sglang-spec"),
-                      extra_args=sglang_acceptance.eagle3_args(sglang_export, K)) as server:
+    with SGLangServer(model_dir, attention_backend="intel_amx", drafter_dir=sglang_export, speculative_steps=K,
+                      workdir=tmp_path_factory.mktemp("sglang-spec")) as server:
         yield server
 
 
