@@ -22,7 +22,7 @@ from pathlib import Path
 
 from eagle3_assets.target.engines import EngineVersionError, require_supported_sglang
 from eagle3_assets.target.processes import ServerProcess, free_port
-from eagle3_assets.target.vllm_server import PACKAGE_PARENT
+from eagle3_assets.target.vllm_server import PACKAGE_PARENT, ships_code
 
 
 class SGLangServerError(RuntimeError):
@@ -120,6 +120,8 @@ class SGLangServer(ServerProcess):
             cmd += ["--disable-cuda-graph", "--mem-fraction-static", "0.1"] + self._cpu_attention_args()
         if self.return_hidden_states:
             cmd.append("--enable-return-hidden-states")
+        if ships_code(self.model_dir):  # Kimi-K2.5's tokenizer and processor are remote code
+            cmd.append("--trust-remote-code")
         if self.drafter_dir is not None:
             from eagle3_assets.drafter.sglang_acceptance import eagle3_args
 
