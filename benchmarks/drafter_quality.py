@@ -43,7 +43,7 @@ from pathlib import Path
 
 import reference_row
 from quality_data import make_data
-from quality_eval import checkpoint_curve, replay_row, vllm_row
+from quality_eval import checkpoint_curve, replay_row, sglang_row, vllm_row
 from quality_recipes import (
     DATA,
     DEFAULT_PROMPTS,
@@ -121,7 +121,7 @@ def fit_row(root: Path, name: str, threads: int, piece_steps: int) -> dict:
 
 
 def run_row(root: Path, name: str, *, threads: int, vllm: bool, force: bool, scale: float = 1.0,
-            piece_steps: int = 0) -> dict:
+            piece_steps: int = 0, sglang: bool = True) -> dict:
     rname = row_name(name, scale)
     path = root / "results" / f"{rname}.json"
     if path.exists() and not force:
@@ -142,6 +142,7 @@ def run_row(root: Path, name: str, *, threads: int, vllm: bool, force: bool, sca
     row.update(name=rname, description=table["description"], recipe=table, load_before=load0,
                load_after_training=uptime(), finished_at=time.strftime("%Y-%m-%d %H:%M:%S"))
     row["vllm"] = vllm_row(root, rname, row["eval"]) if vllm else {"skipped": "not measured (--no-vllm)"}
+    row["sglang"] = sglang_row(root, rname, row["eval"]) if sglang else {"skipped": "not measured (--no-sglang)"}
     row["load_after"] = uptime()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(row, indent=2))
@@ -166,6 +167,7 @@ def run_final(root: Path, name: str, *, threads: int) -> dict:
     row.update(name=rname, description=table["description"] + " (through the asset, real decoder)", recipe=table,
                load_before=load0, finished_at=time.strftime("%Y-%m-%d %H:%M:%S"), replay=replay_row(root, rname))
     row["vllm"] = vllm_row(root, rname, row["eval"])
+    row["sglang"] = sglang_row(root, rname, row["eval"])
     path = root / "results" / f"{rname}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(row, indent=2))
@@ -242,15 +244,17 @@ def result_rows(root: Path, names: list[str]) -> list[dict]:
 
 def table(root: Path, names: list[str]) -> str:
     """The ablation table (markdown) from the rows' result files, in ``VARIANTS`` order."""
-    head = ("| row | what changes | AL project | AL vLLM | per position (project) | per position (vLLM) | "
+    head = ("| row | what changes | AL project | AL vLLM | AL SGLang | per position (project) | per position (vLLM) | "
             "untrained AL | train tok/s | train s | row s | trainer peak RSS MiB | load (1/5/15 min) |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in result_rows(root, names):
         t, u, v, tr = r["eval"]["trained"], r["eval"].get("untrained") or {}, r["vllm"], r["train"]
         vl = f"{v['acceptance_length']:.3f}" if "acceptance_length" in v else v.get("skipped", "-")
         vp = " / ".join(f"{x:.2f}" for x in v.get("per_position_rate", [])) or "-"
+        g = r.get("sglang") or {}
+        sl = f"{g['acceptance_length']:.3f}" if "acceptance_length" in g else g.get("skipped", "-")
         ul = f"{u['acceptance_length']:.3f}" if u else "-"
-        out.append(f"| {r['name']} | {r['description']} | {t['acceptance_length']:.3f} | {vl} | "
+        out.append(f"| {r['name']} | {r['description']} | {t['acceptance_length']:.3f} | {vl} | {sl} | "
                    f"{' / '.join(f'{x:.2f}' for x in t['per_position_rate'])} | {vp} | {ul} | "
                    f"{tr['tokens_per_s']:.0f} | {tr['wall_s']:.0f} | {r['row_wall_s']:.0f} | "
                    f"{r['trainer_peak_rss_mib']:.0f} | {r['load_before']} |")
@@ -261,6 +265,7 @@ def table_figures(r: dict) -> dict:
     """One ablation row's figures as the table prints them (the docs' table is checked against these)."""
     t, u, v, tr = r["eval"]["trained"], r["eval"].get("untrained") or {}, r["vllm"], r["train"]
     return {"AL project": t["acceptance_length"], "AL vLLM": v.get("acceptance_length"),
+            "AL SGLang": (r.get("sglang") or {}).get("acceptance_length"),
             "untrained AL": u.get("acceptance_length"), "train tok/s": tr["tokens_per_s"], "train s": tr["wall_s"],
             "row s": r["row_wall_s"], "trainer peak RSS MiB": r["trainer_peak_rss_mib"], "load (1/5/15 min)": r["load_before"],
             "finished_at": r.get("finished_at")}
@@ -322,6 +327,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-samples", type=int, default=0, help="data: new replies per dataset in this run (0: all)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the trainer")
     ap.add_argument("--no-vllm", action="store_true", help="rows: skip the vLLM server measurement")
+    ap.add_argument("--no-sglang", action="store_true", help="rows: skip the SGLang server measurement")
     ap.add_argument("--force", action="store_true", help="rows: rerun rows that have results")
     ap.add_argument("--scale", type=float, default=1.0, help="rows: screening runs at this share of the epochs")
     ap.add_argument("--steps", type=int, default=30, help="speed: optimizer steps per run")
@@ -346,7 +352,8 @@ def main(argv=None) -> int:
         speed(args.root, args.steps, args.threads)
     elif args.command == "row":
         for name in args.names or list(VARIANTS):
-            run_row(args.root, name, threads=args.threads, vllm=not args.no_vllm, force=args.force, scale=args.scale,
+            run_row(args.root, name, threads=args.threads, vllm=not args.no_vllm, sglang=not args.no_sglang,
+                    force=args.force, scale=args.scale,
                     piece_steps=args.piece_steps)
         if args.reference:
             run_reference(args)

@@ -1,7 +1,7 @@
 """How the drafter-quality benchmark scores a row: the target's greedy replies and replay inputs
 (computed once for all rows and cached under ``<root>/results``), the replay evaluator on a row's
 export and on its kept checkpoints, and a real vLLM server's own acceptance counters. Shared by
-``drafter_quality.py`` and ``reference_row.py``."""
+``drafter_quality.py`` and ``reference_row.py``; SGLang's EAGLE-3 worker's counters likewise (``sglang_row``)."""
 
 from __future__ import annotations
 
@@ -141,5 +141,34 @@ def vllm_row(root: Path, name: str, ev: dict) -> dict:
                     num_speculative_tokens=ev["k"]) as server:
         ready = time.perf_counter() - t0
         eng = measure_acceptance(server.api_url, prompts, k=ev["k"], max_new_tokens=ev["max_new_tokens"],
+                                 greedy_reference=greedy)
+    return {**eng.as_metadata(), "server_start_s": round(ready, 1), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def sglang_row(root: Path, name: str, ev: dict) -> dict:
+    """The row's SGLang export served next to the target by SGLang's own EAGLE-3 worker (CPU engine,
+    intel_amx backend on the project's CPU kernels); its per-request counters' acceptance on the same
+    held-out prompts. Rows whose layout SGLang does not serve (norm before fc) write no SGLang export."""
+    from eagle3_assets.drafter.evaluate import eval_prompts
+    from eagle3_assets.drafter.recipes import load_recipe
+    from eagle3_assets.drafter.sglang_acceptance import measure_acceptance
+    from eagle3_assets.paths import DataLayout
+    from eagle3_assets.target.embedded import ensure_default_model
+    from eagle3_assets.target.sglang_server import SGLangServer, sglang_available
+
+    if not sglang_available():
+        return {"skipped": "no .venv-sglang (make sglang)"}
+    layout = DataLayout.from_env()
+    recipe = load_recipe(name)
+    export = layout.drafter_dir(name) / "sglang"
+    if not (export / "config.json").exists():
+        return {"skipped": "the recipe writes no SGLang export (a layout SGLang does not serve)"}
+    prompts = eval_prompts(layout, recipe.datasets, recipe.evaluation.eval_samples)
+    greedy = greedy_reference(root, layout, prompts, ev["max_new_tokens"])
+    t0 = time.perf_counter()
+    with SGLangServer(ensure_default_model(layout.models_dir), attention_backend="intel_amx", drafter_dir=export,
+                      speculative_steps=ev["k"]) as server:
+        ready = time.perf_counter() - t0
+        eng = measure_acceptance(server.base_url, prompts, k=ev["k"], max_new_tokens=ev["max_new_tokens"],
                                  greedy_reference=greedy)
     return {**eng.as_metadata(), "server_start_s": round(ready, 1), "seconds": round(time.perf_counter() - t0, 1)}

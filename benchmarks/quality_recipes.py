@@ -168,7 +168,9 @@ def curve_schedule(table: dict) -> dict:
 def line(row: dict) -> str:
     t, v, tr = row["eval"]["trained"], row["vllm"], row["train"]
     vl = f"{v['acceptance_length']:.3f}" if "acceptance_length" in v else "-"
-    return (f"AL {t['acceptance_length']:.3f} (vLLM {vl}), per position "
+    g = row.get("sglang") or {}
+    sl = f"{g['acceptance_length']:.3f}" if "acceptance_length" in g else "-"
+    return (f"AL {t['acceptance_length']:.3f} (vLLM {vl}, SGLang {sl}), per position "
             f"{' '.join(f'{x:.2f}' for x in t['per_position_rate'])}, {tr['tokens_per_s']:.0f} tok/s, "
             f"train {tr['wall_s']:.0f}s, row {row['row_wall_s']:.0f}s, trainer peak RSS {row['trainer_peak_rss_mib']:.0f} MiB"
             + ("; over training (epoch: AL) " + ", ".join(f"{c['epoch']:g}: {c['acceptance_length']:.3f}" for c in row["curve"])

@@ -75,9 +75,20 @@ def mla_config(cfg: DrafterConfig, *, dtype: str, engine: str) -> dict:
 def export_mla(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16", engine: str) -> Path:
     if model.config.attention != "mla":
         raise ValueError("export_mla needs a drafter with attention 'mla'")
+    if engine == "sglang":
+        _require_sglang_mla_draft()
     weights = export_weights(model, DTYPES[dtype], embeddings=engine == "vllm")
     return write_dir_atomic(out_dir, {"config.json": mla_config(model.config, dtype=dtype, engine=engine),
                                        "model.safetensors": weights})
+
+
+def _require_sglang_mla_draft(version: str | None = None) -> None:
+    """The SGLang the export is for (the one the project supports) must have the MLA draft model."""
+    from eagle3_assets.target.engines import SGLANG_VERSION, EngineVersionError, mla_draft_problem
+
+    problem = mla_draft_problem("sglang", version or SGLANG_VERSION)
+    if problem:
+        raise EngineVersionError(f"cannot export an MLA drafter for SGLang: {problem}")
 
 
 def config_from_export(c: dict, engine: str) -> DrafterConfig:

@@ -80,6 +80,15 @@ def version_problem(engine: str, version: str, what: str, target_config: dict) -
     return message.format(version=version, family=family)
 
 
+def mla_draft_problem(engine: str, version: str) -> str | None:
+    """Why ``engine`` at ``version`` has no MLA EAGLE-3 draft model (``Eagle3DeepseekV2ForCausalLM``), or None.
+    An MLA drafter only ever serves next to an MLA target, so no target config is needed."""
+    first, message = REQUIREMENTS[engine, "mla_draft"]
+    if parse_version(version) >= first:
+        return None
+    return message.format(version=version, family="DeepSeek-V3-family")
+
+
 def require_supported_sglang(version: str, where: str = "this environment") -> None:
     """Refuse any SGLang but :data:`SGLANG_VERSION`, before a server or a capture starts."""
     if parse_version(version) != parse_version(SGLANG_VERSION):

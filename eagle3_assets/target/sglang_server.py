@@ -22,7 +22,7 @@ from pathlib import Path
 
 from eagle3_assets.target.engines import EngineVersionError, require_supported_sglang
 from eagle3_assets.target.processes import ServerProcess, free_port
-from eagle3_assets.target.vllm_server import PACKAGE_PARENT
+from eagle3_assets.target.vllm_server import PACKAGE_PARENT, ships_code
 
 
 class SGLangServerError(RuntimeError):
@@ -55,6 +55,24 @@ def check_supported(python: str) -> str:
     return version
 
 
+def serving_problem(version: str, model_dir: Path | str, drafter_dir: Path | str | None = None) -> str | None:
+    """Why this SGLang cannot serve the target (and drafter export) before a server starts: a version
+    too old for the target's family or for an MLA drafter (engines.REQUIREMENTS), or a pairing it
+    cannot serve."""
+    import json
+
+    from eagle3_assets.target.engines import mla_draft_problem, pairing_problem, version_problem
+
+    if drafter_dir is None:
+        return None
+    target = json.loads((Path(model_dir) / "config.json").read_text())
+    drafter = json.loads((Path(drafter_dir) / "config.json").read_text())
+    problem = version_problem("sglang", version, "eagle3", target)
+    if problem is None and drafter.get("architectures") == ["Eagle3DeepseekV2ForCausalLM"]:
+        problem = mla_draft_problem("sglang", version)
+    return problem or pairing_problem(target, drafter, engine="sglang")
+
+
 @dataclass
 class SGLangServer(ServerProcess):
     """One ``sglang.launch_server`` process. Use as a context manager, or ``start()`` / ``stop()``.
@@ -70,7 +88,10 @@ class SGLangServer(ServerProcess):
     device: str = "cpu"
     dtype: str = "float32"
     max_total_tokens: int = 4096
+    attention_backend: str = "torch_native"  # on a CPU; "intel_amx" for SGLang's EAGLE worker (see docs/sglang.md)
     return_hidden_states: bool = False
+    drafter_dir: Path | str | None = None  # an SGLang EAGLE-3 export: speculate with it (chain of speculative_steps)
+    speculative_steps: int = 3
     extra_args: list[str] = field(default_factory=list)
     env: dict = field(default_factory=dict)
     workdir: Path | str | None = None  # private caches and the log; default a new temp folder
@@ -96,10 +117,25 @@ class SGLangServer(ServerProcess):
                "--host", self.host, "--port", str(self.port), "--device", self.device, "--dtype", self.dtype,
                "--max-total-tokens", str(self.max_total_tokens), "--skip-server-warmup"]
         if self.device == "cpu":
-            cmd += ["--attention-backend", "torch_native", "--disable-cuda-graph", "--mem-fraction-static", "0.1"]
+            cmd += ["--disable-cuda-graph", "--mem-fraction-static", "0.1"] + self._cpu_attention_args()
         if self.return_hidden_states:
             cmd.append("--enable-return-hidden-states")
+        if ships_code(self.model_dir):  # Kimi-K2.5's tokenizer and processor are remote code
+            cmd.append("--trust-remote-code")
+        if self.drafter_dir is not None:
+            from eagle3_assets.drafter.sglang_acceptance import eagle3_args
+
+            cmd += eagle3_args(Path(self.drafter_dir).resolve(), self.speculative_steps)
         return cmd + list(self.extra_args)
+
+    def _cpu_attention_args(self) -> list[str]:
+        if self.attention_backend != "intel_amx":
+            return ["--attention-backend", self.attention_backend]
+        # SGLang swaps a base ``--attention-backend intel_amx`` for torch_native on a CPU without AMX
+        # (overrides._attention_backend_platform_fallbacks); the split prefill/decode settings it reads
+        # first are left as given, and its CPU kernels are the project's (testing/sglang_cpu), not AMX's.
+        return ["--attention-backend", "torch_native", "--prefill-attention-backend", "intel_amx",
+                "--decode-attention-backend", "intel_amx"]
 
     def environment(self) -> dict:
         from eagle3_assets.testing.sglang_cpu import server_environment
@@ -119,7 +155,10 @@ class SGLangServer(ServerProcess):
         if not Path(self.python).is_file():
             raise SGLangServerError(f"no SGLang environment at {self.python}: run `make sglang` "
                                     "(or set EAGLE3_SGLANG_PYTHON)")
-        check_supported(self.python)
+        version = check_supported(self.python)
+        problem = serving_problem(version, self.model_dir, self.drafter_dir)
+        if problem:
+            raise EngineVersionError(problem)
         if self.workdir is None:
             self.workdir = tempfile.mkdtemp(prefix="eagle3-sglang-")
             self._own_workdir = True

@@ -2,12 +2,16 @@
 
 SGLang 0.5.23 ships only CUDA builds of its kernels (``sglang-kernel``), and PyPI's torchvision is a
 CUDA build too. ``make sglang`` installs SGLang's Python and the Python half of ``sgl_kernel``; the
-folder :data:`HOOK_DIR` goes first on a server's ``PYTHONPATH`` and replaces exactly two things:
+folder :data:`HOOK_DIR` goes first on a server's ``PYTHONPATH`` and replaces these:
 
 - ``sitecustomize.py`` declares the schemas of torchvision's ``nms`` / ``qnms`` ops (no kernels), so
   torchvision's pure-Python parts import: SGLang imports them indirectly and never calls them here;
 - ``common_ops.py`` stands for sgl_kernel's compiled library: it registers no op, so SGLang takes
-  its native-torch paths (on a CPU without AMX it logs that and falls back by itself).
+  its native-torch paths (on a CPU without AMX it logs that and falls back by itself);
+- ``sgl_kernel_cpu_ops.py``, ``sgl_kernel_attention_ops.py`` and ``sgl_kernel_spec_ops.py`` register, under
+  sgl_kernel's own names, plain-torch versions of the ops only a CPU-built sgl_kernel has and SGLang's
+  CPU engine calls: the KV-pool move, the ``intel_amx`` backend's decode/extend attention and the
+  EAGLE worker's tree and cache-location ops (each tested against SGLang's own definition).
 
 Everything else that runs is SGLang's own code.
 """

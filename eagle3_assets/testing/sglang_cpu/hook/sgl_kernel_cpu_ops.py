@@ -13,10 +13,11 @@ import torch
 _LIB = torch.library.Library("sgl_kernel", "FRAGMENT")
 
 
-def _op(schema: str):
+def register(schema: str):
+    """Define ``sgl_kernel::<op>`` with ``schema`` and make ``fn`` its CPU kernel (unless one exists)."""
     name = schema.split("(", 1)[0]
 
-    def register(fn):
+    def add(fn):
         try:
             _LIB.define(schema)
         except RuntimeError:  # a real CPU build registered it first: keep the real kernel
@@ -25,10 +26,10 @@ def _op(schema: str):
         _LIB.impl(name, fn, "CompositeExplicitAutograd")
         return fn
 
-    return register
+    return add
 
 
-@_op("copy_all_layer_kv_cache_cpu(Tensor data_ptrs, Tensor strides, Tensor tgt_loc, Tensor src_loc) -> ()")
+@register("copy_all_layer_kv_cache_cpu(Tensor data_ptrs, Tensor strides, Tensor tgt_loc, Tensor src_loc) -> ()")
 def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc):
     """``copy_all_layer_kv_cache_tiled`` (sglang/kernels/ops/kvcache/cache_move.py): in every buffer
     ``b`` (base address ``data_ptrs[b]``, row size ``strides[b]`` bytes), row ``tgt_loc[i]`` becomes

@@ -19,6 +19,8 @@ except ImportError:  # an environment without torch: nothing to declare
     pass
 
 try:
+    import sgl_kernel_attention_ops  # noqa: F401  (intel_amx backend's decode/extend attention)
     import sgl_kernel_cpu_ops  # noqa: F401  (the CPU ops SGLang's CPU engine calls)
+    import sgl_kernel_spec_ops  # noqa: F401  (the EAGLE worker's tree and cache-location ops)
 except ImportError:  # no torch here
     pass
