@@ -95,6 +95,11 @@ def test_plain_process_on_one_node_in_a_container_and_the_exit_code_kept(tmp_pat
     line = next(x for x in render_script(per_node, JobResources(nodes=2), JobEnvironment(), tmp_path).splitlines()
                 if x.startswith("srun"))
     assert "--nodes=1" not in line and "--ntasks=1" not in line
+    # a TP group per node: a standalone torchrun on every task, no rendezvous across nodes
+    groups = Launch(launch.name, "eagle3_assets.hidden_states.sglang_extract", ["--config", "j.json"], procs=8, per_node=True)
+    line = next(x for x in render_script(groups, JobResources(nodes=2), JobEnvironment(), tmp_path).splitlines()
+                if x.startswith("srun"))
+    assert "--standalone --nproc-per-node=8" in line and "--rdzv" not in line and "--nodes=1" not in line
 
     pyxis = JobEnvironment(container="nvcr.io#org/eagle3:0.1", container_runtime="pyxis", container_mounts=["/shared"])
     line = next(x for x in render_script(launch, JobResources(), pyxis, tmp_path).splitlines() if x.startswith("srun"))

@@ -214,3 +214,34 @@ def test_a_lost_node_loses_only_its_unfinished_shards(root, two_nodes):
     stored = _stored_in_files(out)
     assert sorted(stored) == sorted(set(stored)) and len(stored) == n
     print(f"node lost mid-extraction: {len(kept)} of {n} samples kept in shards, {n - len(kept)} extracted again")
+
+
+def test_sglang_extraction_runs_a_tp_group_on_each_node(root, two_nodes, model_dir, tmp_path, monkeypatch):
+    """backend sglang on two nodes: a 2-rank tensor-parallel group on each node (SGLang's capture
+    replaced by the transformers stand-in, as in test_slurm), each group its share; one manifest,
+    states equal to one node's."""
+    from eagle3_assets.hidden_states.reader import ShardReader
+
+    layout, instance = root
+    monkeypatch.setenv("EAGLE3_SGLANG_CAPTURE", "eagle3_assets.testing.capture:local_capture")  # forwarded to the job
+    dataset = f"{DATASET}_sgl"
+    instance.add_dynamic_partitions("datasets", [dataset])
+    shutil.copy(layout.corpus(DATASET), layout.corpus(dataset))
+    _one_node_reference(layout, model_dir, tmp_path / "one")
+    result = _materialize(instance, "hidden_states", dataset, {"launcher": "slurm", "backend": "sglang", "tp_size": 2,
+                                                               "batch_tokens": 1, "shard_bytes": 1, "slurm": {"nodes": 2}})
+    assert result.success, _failures(result)
+    meta = {k: v.value for k, v in result.asset_materializations_for_node("hidden_states")[0].metadata.items()}
+    assert (meta["slurm_tasks"], meta["extracted_now"], meta["samples_planned"]) == (2, 8, 8)
+    out = layout.hidden_states_dir(dataset)
+    log = next((layout.root / "slurm").glob(f"hidden_states/{dataset}/*/slurm-{meta['slurm_job_id']}.out")).read_text()
+    a, b = two_nodes.nodes
+    assert f"extraction node 0/2 on {a}" in log and f"extraction node 1/2 on {b}" in log
+    for node in range(2):  # within each node both TP ranks ran every forward of that node's share
+        ranks = [(out.parent / f"{dataset}.node{node}.rank{r}.jsonl").read_text() for r in range(2)]
+        assert ranks[0] == ranks[1] and ranks[0]
+    both, one = ShardReader(out), ShardReader(tmp_path / "one")
+    assert sorted(both.sample_ids()) == sorted(one.sample_ids()) and sorted(_stored_in_files(out)) == sorted(one.sample_ids())
+    for sid in one.sample_ids():
+        assert torch.equal(both.read(sid).aux_hidden, one.read(sid).aux_hidden), sid
+        assert torch.equal(both.read(sid).last_hidden, one.read(sid).last_hidden), sid

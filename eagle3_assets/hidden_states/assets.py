@@ -21,6 +21,7 @@ class HiddenStatesConfig(dg.Config):
     layer_ids: list[int] = []  # empty: the model's default auxiliary layers
     retry_quarantined: bool = False
     tp_size: int = 1  # sglang: tensor-parallel GPUs (torchrun processes); vllm on SLURM: the server's
+    tp_across_nodes: bool = False  # sglang on several nodes: one TP group over them all, not one group a node
     launcher: str = "local"  # "local" (this machine) or "slurm" (one job on the `slurm` resource's cluster)
     slurm: SlurmJobConfig = SlurmJobConfig()  # launcher slurm: this launch's job shape over the resource's
     vllm_server_args: list[str] = []  # vllm on SLURM: further arguments of the server the job starts

@@ -53,6 +53,7 @@ class SGLangExtractionJob(JobFile):
     model_dtype: str = "auto"  # SGLang's --dtype
     trust_remote_code: bool = False
     server_args: dict = Field(default_factory=dict)  # further ServerArgs fields (e.g. mem_fraction_static)
+    nodes: int = Field(1, ge=1)  # >1: a TP group per node (SLURM_PROCID), each its share into parts/
 
 
 def longest_row(job: SGLangExtractionJob) -> int:
@@ -97,15 +98,36 @@ def run_extraction(job: SGLangExtractionJob, capture_factory=sglang_capture, *, 
     leader = LeaderExtractor(capture, group, hidden_size=job.hidden_size, vocab_size=job.vocab_size,
                              max_rows=job.max_rows, max_length=job.max_length,
                              page_size=getattr(capture, "page_size", 1), describe=describe(job, layer_ids, backend))
+    node, out, share, skip = node_of_job(job), Path(job.out_dir), None, None
+    if job.nodes > 1:
+        from eagle3_assets.hidden_states.parts import part_dir, stored_ids
+
+        out, share, skip = part_dir(job.out_dir, node, job.nodes), (node, job.nodes), stored_ids(job.out_dir)
+        print(f"eagle3: extraction node {node}/{job.nodes} on {os.uname().nodename}: its share into {out}", flush=True)
     try:
-        report = extract_corpus(job.corpus, job.out_dir, leader, dtype=job.dtype, shard_bytes=job.shard_bytes,
+        report = extract_corpus(job.corpus, out, leader, dtype=job.dtype, shard_bytes=job.shard_bytes,
                                 batch_tokens=job.batch_tokens, retry_quarantined=job.retry_quarantined,
-                                progress=progress)
+                                progress=progress, share=share, skip_ids=skip)
     finally:
         leader.stop()
-    path = Path(job.out_dir) / REPORT
-    path.write_text(json.dumps(asdict(report), indent=2))
+    if job.nodes > 1:
+        from eagle3_assets.hidden_states.parts import write_report
+
+        write_report(Path(job.out_dir), report, node, job.nodes)
+    else:
+        (Path(job.out_dir) / REPORT).write_text(json.dumps(asdict(report), indent=2))
     return report
+
+
+def node_of_job(job: SGLangExtractionJob) -> int:
+    """This TP group's node in a job of ``job.nodes`` (one SLURM task, one standalone torchrun, per node)."""
+    if job.nodes <= 1:
+        return 0
+    node = int(os.environ.get("SLURM_PROCID", "-1"))
+    if not 0 <= node < job.nodes:
+        raise ValueError(f"a {job.nodes}-node SGLang extraction runs one SLURM task per node (SLURM_PROCID "
+                         f"{os.environ.get('SLURM_PROCID')!r})")
+    return node
 
 
 def load_report(out_dir: Path | str) -> ExtractionReport:
@@ -130,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     factory = _factory(args.capture) if args.capture else sglang_capture
     backend = None if args.capture is None else args.capture
     pipes = None
-    if int(os.environ.get("RANK", "0")) == 0 and os.environ.get("DAGSTER_PIPES_CONTEXT"):
+    first_node = int(os.environ.get("SLURM_PROCID", "0")) == 0 or job.nodes == 1
+    if int(os.environ.get("RANK", "0")) == 0 and first_node and os.environ.get("DAGSTER_PIPES_CONTEXT"):
         from dagster_pipes import open_dagster_pipes
 
         pipes = open_dagster_pipes()

@@ -25,7 +25,7 @@ def torchrun_command(job_path: Path, tp_size: int) -> list[str]:
             "-m", "eagle3_assets.hidden_states.sglang_extract", "--config", str(job_path), *capture_args()]
 
 
-def write_sglang_job(config, spec, corpus: Path, out: Path) -> Path:
+def write_sglang_job(config, spec, corpus: Path, out: Path, nodes: int = 1) -> Path:
     """The job file every rank reads, beside the dataset's hidden-state directory."""
     text = spec.text_config
     job = SGLangExtractionJob(
@@ -34,7 +34,7 @@ def write_sglang_job(config, spec, corpus: Path, out: Path) -> Path:
         vocab_size=int(text["vocab_size"]), layer_ids=config.layer_ids or None, tp_size=config.tp_size,
         dtype=config.dtype, shard_bytes=config.shard_bytes, batch_tokens=config.batch_tokens,
         retry_quarantined=config.retry_quarantined, trust_remote_code=spec.trust_remote_code,
-        max_length=spec.context_length,
+        max_length=spec.context_length, nodes=nodes,
     )
     out.mkdir(parents=True, exist_ok=True)
     job_path = out.parent / f".{out.name}.{JOB_FILE}"

@@ -4,7 +4,9 @@
   several-node job, each its share of the corpus (``parts.py``), folded into one manifest after;
 - ``vllm``: ``extract_job`` starts a vLLM extraction server on the node (on each node) and extracts
   through it;
-- ``sglang``: the SGLang job (``sglang_extract``) under ``torchrun``, ``tp_size`` ranks over the job's tasks.
+- ``sglang``: the SGLang job (``sglang_extract``) under ``torchrun``: on one node, ``tp_size`` ranks
+  over the job's tasks; on several, a ``tp_size`` group on each node with its share of the corpus
+  (``tp_across_nodes: true``: one group over them all).
 
 The job writes into the dataset's hidden-state directory on the shared filesystem, so a job that
 was cancelled, preempted or timed out leaves its finished shards, and the next launch resumes.
@@ -43,6 +45,15 @@ def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, ta
     if config.backend == "sglang":
         from eagle3_assets.hidden_states.sglang_launch import capture_args, write_sglang_job
 
+        nodes = slurm.job_resources(config.slurm).nodes
+        if nodes > 1 and not config.tp_across_nodes:  # a TP group per node, each its share of the corpus
+            if tasks != nodes:
+                raise ValueError(f"a TP group per node runs one task per node; the job has {tasks} tasks on "
+                                 f"{nodes} nodes (set slurm.tasks_per_node: 1, or tp_across_nodes: true)")
+            job_path = write_sglang_job(config, spec, corpus, out, nodes=nodes)
+            return Launch(name, "eagle3_assets.hidden_states.sglang_extract",
+                          ["--config", str(job_path), *capture_args()], procs=config.tp_size, per_node=True,
+                          exports=forwarded_env())
         if config.tp_size % tasks:
             raise ValueError(f"tp_size {config.tp_size} does not divide over the job's {tasks} task(s)")
         job_path = write_sglang_job(config, spec, corpus, out)
@@ -78,7 +89,7 @@ def launch_on_slurm(context, config, target, vllm, slurm, layout, dataset: str) 
     tasks = client.resources.tasks
     invocation = client.run(context=context, launch=launch)
     invocation.get_results()
-    if config.backend == "sglang" or tasks == 1:
+    if not launch.per_node:
         return load_report(out), dict(invocation.metadata)
     manifest = merge_parts(out)
     reports = [load_report_file(out / report_name(r, tasks)) for r in range(tasks)]

@@ -74,7 +74,7 @@ class Launch:
     module: str
     args: list[str]
     procs: int | None = None  # None: one plain process; N: torchrun with N workers per task
-    per_node: bool = False  # procs None: the plain process on every task of the job, not only the first
+    per_node: bool = False  # every task on its own: a plain process, or a standalone torchrun of procs workers
     exports: dict[str, str] = field(default_factory=dict)  # environment the tasks need
 
 
@@ -87,6 +87,9 @@ def entry_command(launch: Launch, python: str) -> list[str]:
     """The command every task runs (shell variables $EAGLE3_HEAD and $EAGLE3_PORT are the rendezvous)."""
     if launch.procs is None:
         return [python, "-m", launch.module, *launch.args]
+    if launch.per_node:  # a process group of its own on every task (node): nothing to meet across nodes
+        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={launch.procs}",
+                "-m", launch.module, *launch.args]
     return [python, "-m", "torch.distributed.run", "--nnodes=$SLURM_NTASKS", f"--nproc-per-node={launch.procs}",
             "--rdzv-backend=c10d", "--rdzv-endpoint=$EAGLE3_HEAD:$EAGLE3_PORT", "--rdzv-id=eagle3-$SLURM_JOB_ID",
             "-m", launch.module, *launch.args]

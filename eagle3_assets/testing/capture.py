@@ -2,13 +2,15 @@
 
 ``local_capture`` is a capture factory for ``sglang_extract --capture``: every rank loads the
 real target with transformers and answers ``rows -> (aux, last)`` packed, as
-``SGLangCapture.capture`` does, and appends what it ran to ``<out_dir>.rank<r>.jsonl`` so a
-test can check that every rank ran the same forwards on the same rows.
+``SGLangCapture.capture`` does, and appends what it ran to ``<out_dir>.rank<r>.jsonl`` (with
+``.node<n>`` before ``.rank`` in a job of a TP group per node) so a test can check that every
+rank ran the same forwards on the same rows.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import torch
 
@@ -17,7 +19,8 @@ def local_capture(job, group, layer_ids):
     from eagle3_assets.hidden_states.extractors import LocalExtractor
 
     extractor = LocalExtractor(job.model_path, layer_ids=layer_ids)
-    log = f"{job.out_dir}.rank{group.rank}.jsonl"
+    node = f".node{os.environ.get('SLURM_PROCID', 0)}" if getattr(job, "nodes", 1) > 1 else ""
+    log = f"{job.out_dir}{node}.rank{group.rank}.jsonl"
 
     def capture(rows):
         feats = extractor.extract(rows)
