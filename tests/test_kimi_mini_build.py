@@ -22,3 +22,19 @@ def test_a_copy_from_another_builder_is_rebuilt(tmp_path):
     assert "You are Kimi" in template.read_text()
     tok = TargetTokenizer.load(out, trust_remote_code=True)
     assert tok.tokenizer.apply_chat_template([{"role": "user", "content": "What is 1+1?"}]) == K25_ONE_PLUS_ONE
+
+
+def test_an_edited_builder_file_changes_the_stamp(tmp_path):
+    """An edit to the template (or any builder file) without a version bump still changes the stamp,
+    so the cached copy is rebuilt: what went wrong when the default system turn was added."""
+    import shutil
+    from pathlib import Path
+
+    import eagle3_assets.target.kimi_mini as kimi_mini
+
+    copy = tmp_path / "kimi_mini"
+    shutil.copytree(Path(kimi_mini.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert builder_stamp(copy) == builder_stamp()
+    template = copy / "chat_template.jinja"
+    template.write_text(template.read_text() + "\n")
+    assert builder_stamp(copy) != builder_stamp()

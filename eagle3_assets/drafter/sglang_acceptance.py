@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from eagle3_assets.drafter.vllm_acceptance import EngineAcceptance
+from eagle3_assets.drafter.vllm_acceptance import compare as engine_compare
 
 
 def eagle3_args(export_dir, k: int) -> list[str]:
@@ -75,9 +76,4 @@ def measure_acceptance(base_url: str, prompts: Sequence[Sequence[int]], *, k: in
 
 def compare(project: dict, engine: EngineAcceptance) -> dict:
     """The project's evaluator (an ``AcceptanceReport.as_metadata()``) next to SGLang's counters."""
-    a, b = float(project["acceptance_length"]), engine.acceptance_length
-    return {"project_acceptance_length": round(a, 4), "sglang_acceptance_length": round(b, 4),
-            "difference": round(b - a, 4), "project_per_position": [round(x, 4) for x in project.get("per_position_rate", [])],
-            "sglang_per_position": [round(x, 4) for x in engine.per_position_rate],
-            "project_matches_greedy": project.get("matches_greedy"), "sglang_matches_greedy": engine.matches_greedy,
-            "sglang_verify_steps": engine.drafts, "project_verify_steps": project.get("verify_steps")}
+    return engine_compare(project, engine, "sglang")

@@ -125,15 +125,15 @@ def measure_acceptance(api_url: str, prompts: Sequence[Sequence[int]], *, k: int
     return rep
 
 
-def compare(project: dict, engine: EngineAcceptance) -> dict:
+def compare(project: dict, engine: EngineAcceptance, name: str = "vllm") -> dict:
     """The project's evaluator (``eval.json['trained']`` or an ``AcceptanceReport.as_metadata()``)
-    next to vLLM's counters."""
+    next to an engine's counters (``name``: vllm or sglang, the keys' prefix)."""
     a, b = float(project["acceptance_length"]), engine.acceptance_length
-    return {"project_acceptance_length": round(a, 4), "vllm_acceptance_length": round(b, 4),
+    return {"project_acceptance_length": round(a, 4), f"{name}_acceptance_length": round(b, 4),
             "difference": round(b - a, 4), "project_per_position": [round(x, 4) for x in project.get("per_position_rate", [])],
-            "vllm_per_position": [round(x, 4) for x in engine.per_position_rate],
-            "project_matches_greedy": project.get("matches_greedy"), "vllm_matches_greedy": engine.matches_greedy,
-            "vllm_verify_steps": engine.drafts, "project_verify_steps": project.get("verify_steps")}
+            f"{name}_per_position": [round(x, 4) for x in engine.per_position_rate],
+            "project_matches_greedy": project.get("matches_greedy"), f"{name}_matches_greedy": engine.matches_greedy,
+            f"{name}_verify_steps": engine.drafts, "project_verify_steps": project.get("verify_steps")}
 
 
 def measure_recipe(recipe_name: str, *, python: str | None = None, layout=None, trust_remote_code: bool = False) -> dict:

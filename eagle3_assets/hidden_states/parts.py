@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -66,22 +65,7 @@ def merge_parts(out_dir: Path | str) -> dict | None:
             m = json.loads((part / MANIFEST).read_text())
             extra = {k: m[k] for k in ("corpus", "backend", "extraction") if k in m}
         for rec in read_progress(part / PROGRESS):
-            if rec["kind"] == "quarantine":
-                if rec["sample_id"] not in writer.done_ids and rec["sample_id"] not in writer.quarantined:
-                    writer._append_progress(rec)
-                    writer.quarantined[rec["sample_id"]] = rec
-            elif (part / rec["file"]).exists() and (part / rec["file"]).stat().st_size == rec["bytes"]:
-                name = f"shard-{writer._next:05d}.safetensors"
-                writer._next += 1
-                os.replace(part / rec["file"], out_dir / name)
-                moved = {**rec, "file": name}
-                writer._append_progress(moved)
-                writer.shards.append(moved)
-                writer.done_ids.update(s[0] for s in rec["samples"])
-                for sid in list(writer.quarantined):
-                    if sid in writer.done_ids:
-                        del writer.quarantined[sid]
-            # a record whose file is gone (moved by an earlier merge that crashed, or never written) is skipped
+            writer.adopt(part, rec)  # a record whose file is gone (an earlier merge that crashed) is skipped
         shutil.rmtree(part)
     shutil.rmtree(out_dir / PARTS, ignore_errors=True)
     return writer.close(extra)

@@ -297,6 +297,31 @@ class ShardWriter:
 
     # -- index and manifest ----------------------------------------------------------------
 
+    def adopt(self, src_dir: Path, rec: dict) -> bool:
+        """Take over a record of another writer's directory (a part of a data-parallel job): a shard
+        is renamed to this directory's next number, then recorded in its journal (a crash between
+        the two leaves a file this directory does not list, removed when it is next opened, so
+        its samples are redone, never stored twice); a quarantine is recorded unless the sample
+        is stored. False when the record's file is gone or cut short."""
+        if rec["kind"] == "quarantine":
+            if rec["sample_id"] not in self.done_ids and rec["sample_id"] not in self.quarantined:
+                self._append_progress(rec)
+                self.quarantined[rec["sample_id"]] = rec
+            return True
+        src = Path(src_dir) / rec["file"]
+        if not src.exists() or src.stat().st_size != rec["bytes"]:
+            return False
+        name = f"shard-{self._next:05d}.safetensors"
+        self._next += 1
+        os.replace(src, self.dir / name)
+        moved = {**rec, "file": name}
+        self._append_progress(moved)
+        self.shards.append(moved)
+        self.done_ids.update(s[0] for s in rec["samples"])
+        for sid in [s for s in self.quarantined if s in self.done_ids]:
+            del self.quarantined[sid]
+        return True
+
     def index_frame(self) -> pl.DataFrame:
         rows = []
         for rec in self.shards:

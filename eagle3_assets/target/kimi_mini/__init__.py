@@ -12,12 +12,12 @@ NAME = "Kimi-K2.5-mini"
 VERSION = "5"  # bump when the builder's output changes in a way its files do not show
 
 
-def builder_stamp() -> str:
+def builder_stamp(folder: Path | None = None) -> str:
     """What a cached copy was built by: the version and a digest of every file of this package
     (template, tokenizer code, BPE corpus, model builder), so an edited builder never leaves a
     stale cached copy in use."""
     h = hashlib.sha256()
-    for f in sorted(Path(__file__).parent.iterdir()):
+    for f in sorted((folder or Path(__file__).parent).iterdir()):
         if f.is_file() and f.suffix in {".py", ".jinja", ".txt"}:
             h.update(f.name.encode() + b"\0" + f.read_bytes())
     return f"kimi-mini builder v{VERSION} {h.hexdigest()[:16]}"
