@@ -138,6 +138,25 @@ def attention_ops():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     print("ok extend_attention_cpu", flush=True)
 
+    # DeepSeek's MLA prefill (no prefix): full-head keys and values passed as k_extend/v_extend while
+    # the cache holds a latent of another width; the reference stores them in a cache of their own shape
+    nope_rope, dv, latent = 12, 6, 20
+    qm = torch.randn(7, heads, nope_rope, generator=G)
+    km, vm = torch.randn(7, heads, nope_rope, generator=G), torch.randn(7, heads, dv, generator=G)
+    rtt_m = torch.randperm(pool, generator=G).to(torch.int32).view(2, 32)
+    seq_m, ext_m, start_m = torch.tensor([3, 4]), torch.tensor([3, 4]), torch.tensor([0, 3])
+    k_ref, v_ref = torch.zeros(pool, heads, nope_rope), torch.zeros(pool, heads, dv)
+    for b, (n, s0) in enumerate(zip(ext_m.tolist(), start_m.tolist())):
+        k_ref[rtt_m[rpi[b], :n].long()], v_ref[rtt_m[rpi[b], :n].long()] = km[s0: s0 + n], vm[s0: s0 + n]
+    want, got = torch.zeros(7, heads, dv), torch.zeros(7, heads, dv)
+    native._run_sdpa_forward_extend(qm, want, k_ref, v_ref, rtt_m, rpi, seq_m, seq_m - ext_m, ext_m, scaling=scale,
+                                    enable_gqa=True, causal=True)
+    latent_cache = torch.randn(pool, 1, latent, generator=G)  # what an MLA pool holds: never read here
+    OPS.extend_attention_cpu(qm, km, vm, got, latent_cache, latent_cache[..., :16], 1.0, 1.0, rtt_m, rpi, seq_m, ext_m,
+                             start_m, 4, scale, 0.0, False, 0, None, None, None, True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    print("ok extend_attention_cpu mla prefill", flush=True)
+
     qd = torch.randn(2, heads, dim, generator=G)
     new_k, new_v = torch.randn(2, kv_heads, dim, generator=G), torch.randn(2, kv_heads, dim, generator=G)
     loc = torch.stack([rtt[1, 8], rtt[0, 4]]).long()  # the last slot of each sequence

@@ -22,7 +22,8 @@ REFERENCED = ["assign_extend_cache_locs_cpu", "assign_req_to_token_pool_cpu", "a
               "fill_bonus_tokens_cpu", "fill_accept_out_cache_loc_cpu", "rotate_input_ids_cpu",
               "build_tree_kernel_efficient_cpu mode 1", "build_tree_kernel_efficient_cpu mode 0",
               "verify_tree_greedy_cpu trial 0", "verify_tree_greedy_cpu trial 1", "verify_tree_greedy_cpu trial 2",
-              "verify_tree_greedy_cpu trial 3", "extend_attention_cpu", "decode_attention_cpu"]
+              "verify_tree_greedy_cpu trial 3", "extend_attention_cpu", "extend_attention_cpu mla prefill",
+              "decode_attention_cpu"]
 
 
 def _load(name: str):

@@ -44,3 +44,16 @@ def test_the_hook_declares_torchvision_schemas_in_a_fresh_interpreter():
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "True"]
+
+
+def test_the_hook_makes_cuda_synchronize_a_no_op_only_on_a_torch_without_cuda():
+    """SGLang's K2.5 draft model calls torch.cuda.synchronize() after sharing the target's embedding;
+    on this CPU torch it raises unless the hook is loaded."""
+    env = server_environment({k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    probe = "import torch\nprint(torch.version.cuda is None, torch.cuda.synchronize())"
+    hooked = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert hooked.returncode == 0, hooked.stderr[-2000:]
+    assert hooked.stdout.split() == ["True", "None"]
+    bare = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert bare.returncode != 0 and "not compiled with CUDA" in bare.stderr

@@ -12,6 +12,9 @@ MEDIA_PAD = "<|media_pad|>"
 class KimiK25Processor:
     def __init__(self, image_processor=None, tokenizer=None, **kwargs):
         self.image_processor, self.tokenizer = image_processor, tokenizer
+        # K2.5's processor also holds its image processor as ``media_processor``; SGLang's K2.5
+        # processor reads ``media_processor.media_proc_cfg`` when its server starts
+        self.media_processor = image_processor
 
     @classmethod
     def register_for_auto_class(cls, auto_class: str = "AutoProcessor") -> None:

@@ -81,12 +81,30 @@ VISION_CONFIG = {"model_type": "kimi_k25_vision", "patch_size": 14, "pos_emb_hei
                  "intermediate_size": 32, "merge_kernel_size": [2, 2]}
 
 
+def vision_config() -> dict:
+    """The vision tower under both spellings engines read: transformers' (``hidden_size``,
+    ``pos_emb_height``, ...; vLLM reads the same config class) and K2.5's release keys, which
+    SGLang's ``KimiK25ForConditionalGeneration`` reads (``vt_hidden_size`` and ``text_hidden_size`` in
+    its projector, ``init_pos_emb_*``, ``pos_emb_type``, ``merge_type``, ``video_attn_type`` in its
+    tower). Without the second set SGLang cannot build the model, even to serve text."""
+    v = dict(VISION_CONFIG)
+    return {**v,
+            "init_pos_emb_height": v["pos_emb_height"], "init_pos_emb_width": v["pos_emb_width"],
+            "init_pos_emb_time": v["pos_emb_time"], "pos_emb_type": "divided_fixed",
+            "video_attn_type": "spatial_temporal", "merge_type": "sd2_tpool",
+            "vt_hidden_size": v["hidden_size"], "vt_num_attention_heads": v["num_attention_heads"],
+            "vt_num_hidden_layers": v["num_hidden_layers"], "vt_intermediate_size": v["intermediate_size"],
+            "mm_hidden_size": v["hidden_size"], "mm_projector_type": "patchmerger",
+            "projector_hidden_act": "gelu", "projector_ln_eps": 1e-05,
+            "text_hidden_size": TEXT_CONFIG["hidden_size"]}
+
+
 def model_config() -> dict:
     return {
         "architectures": ["KimiK25ForConditionalGeneration"],
         "model_type": "kimi_k25",
         "text_config": dict(TEXT_CONFIG),
-        "vision_config": dict(VISION_CONFIG),
+        "vision_config": vision_config(),
         "projection_hidden_size": 16,
         "bos_token_id": slot_id("[BOS]"),
         "eos_token_id": slot_id("[EOS]"),  # K2.5: 163585; a turn ends with <|im_end|> 163586

@@ -67,10 +67,13 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
                          logit_cap, is_cross_attention, sliding_window_size, encoder_lens, sinks, custom_mask,
                          is_causal):
     """``extend_attention_fwd``: sequence ``b``'s ``extend_seq_lens[b]`` query tokens (from
-    ``extend_start_loc[b]``) attend to its ``seq_lens[b]`` slots in the caches (the new tokens' KV was
-    stored there before the call). Query ``i`` sits at position ``prefix + i``; with ``is_causal`` it
-    sees keys up to that position. ``custom_mask`` (verify of a draft tree, QLEN_ONLY layout: ``n x n``
-    per sequence, row-major) further limits which of the new tokens it sees."""
+    ``extend_start_loc[b]``) attend to its prefix, read from the caches through ``req_to_token``, and to
+    the new tokens' own keys and values, ``k_extend``/``v_extend`` (the caches' rows when those are not
+    given), as the Triton kernel does. The two can differ in shape: DeepSeek's MLA prefill calls this
+    with full-head keys (nope + rope dims) while its cache holds the compressed latent, and then has no
+    prefix. Query ``i`` sits at position ``prefix + i``; with ``is_causal`` it sees keys up to that
+    position. ``custom_mask`` (verify of a draft tree, QLEN_ONLY layout: ``n x n`` per sequence,
+    row-major) further limits which of the new tokens it sees."""
     _refuse(sliding_window_size, is_cross_attention, sinks, k_scale, v_scale, "extend_attention_cpu")
     dv = o_extend.shape[-1]
     tree_at = 0
@@ -80,6 +83,16 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
             continue
         prefix = total - n
         slots = req_to_token[rpi, :total].long()
+        keys, values = k_buffer[slots], v_buffer[slots][..., :dv]
+        if k_extend is not None and v_extend is not None:
+            new_k, new_v = k_extend[start: start + n], v_extend[start: start + n][..., :dv]
+            if prefix == 0:
+                keys, values = new_k, new_v
+            elif new_k.shape[1:] != k_buffer.shape[1:]:
+                raise NotImplementedError(f"extend_attention_cpu (project CPU stand-in): new keys {tuple(new_k.shape[1:])} "
+                                          f"differ from the cache's {tuple(k_buffer.shape[1:])} with a prefix of {prefix}")
+            else:
+                keys, values = torch.cat([keys[:prefix], new_k]), torch.cat([values[:prefix], new_v])
         allowed = None
         if is_causal or custom_mask is not None:
             qpos = torch.arange(n).unsqueeze(1) + prefix
@@ -90,6 +103,5 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
                 allowed = allowed.clone()
                 allowed[:, prefix:] &= tree
                 tree_at += n * n
-        out = _attend(q_extend[start: start + n], k_buffer[slots], v_buffer[slots][..., :dv], sm_scale, logit_cap,
-                      allowed)
+        out = _attend(q_extend[start: start + n], keys, values, sm_scale, logit_cap, allowed)
         o_extend[start: start + n] = out.to(o_extend.dtype)
