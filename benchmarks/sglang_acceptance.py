@@ -3,10 +3,12 @@ worker (its per-request counters) and vLLM's (its /metrics counters), serving ex
 float32 weights next to the SmolLM2 target (needs ``make sglang``; the vLLM figure also ``make vllm``).
 
 The drafter is the small one tests use (``eagle3_assets.testing.small_drafter``: 40 steps on the
-target's own answers to 16 questions), k=3 chain, greedy. Prints the figures and records them in
-``benchmarks/results/sglang_acceptance.json``.
+target's own answers to 16 questions), k=3 chain, greedy. ``--target kimi-mini`` does the same for
+Kimi-K2.5's architecture: kimi-mini served as ``KimiK25ForConditionalGeneration`` with an MLA drafter
+(``Eagle3DeepseekV2ForCausalLM`` in both engines). Prints the figures and records them in
+``benchmarks/results/sglang_acceptance.json`` (``sglang_acceptance_kimi_mini.json``).
 
-    .venv/bin/python benchmarks/sglang_acceptance.py [--prompts 8] [--max-new 24]
+    .venv/bin/python benchmarks/sglang_acceptance.py [--target smollm2|kimi-mini] [--prompts 8] [--max-new 24]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ K = 3
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", choices=["smollm2", "kimi-mini"], default="smollm2")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new", type=int, default=24)
     args = ap.parse_args(argv)
@@ -47,16 +50,26 @@ def main(argv=None) -> None:
     from eagle3_assets.testing import small_drafter
 
     torch.set_num_threads(1)  # the other core is the server's
-    model_dir = ensure_default_model(DataLayout.from_env().models_dir)
-    embedded = EmbeddedModel(model_dir)
+    models = DataLayout.from_env().models_dir
+    attention = "mla" if args.target == "kimi-mini" else "llama"
+    if args.target == "kimi-mini":
+        from eagle3_assets.target.kimi_mini import ensure_kimi_mini
+        from eagle3_assets.tokens.tokenizer import TargetTokenizer
+
+        model_dir = ensure_kimi_mini(models)
+        embedded = EmbeddedModel(model_dir, tokenizer=TargetTokenizer.load(model_dir, trust_remote_code=True))
+    else:
+        model_dir = ensure_default_model(models)
+        embedded = EmbeddedModel(model_dir)
     prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in small_drafter.HELD_OUT[:args.prompts]]
     greedy = [greedy_generate(embedded.model, p, max_new_tokens=args.max_new, stop_ids=embedded.stop_ids)
               for p in prompts]
     figures: dict = {}
     with tempfile.TemporaryDirectory(prefix="eagle3-sglang-acc-") as tmp:
         tmp = Path(tmp)
-        features = small_drafter.answer_features(embedded, model_dir, tmp / "features", small_drafter.TRAIN_QUESTIONS)
-        model = small_drafter.train_on_features(features, model_dir, tmp / "train", k=K)
+        features = small_drafter.answer_features(embedded, model_dir, tmp / "features", small_drafter.TRAIN_QUESTIONS,
+                                                 max_new_tokens=args.max_new)
+        model = small_drafter.train_on_features(features, model_dir, tmp / "train", k=K, attention=attention)
         sglang_dir = export_sglang(model, tmp / "sglang", dtype="float32")
         vllm_dir = export_vllm(model, tmp / "vllm", dtype="float32", verifier=str(model_dir), speculative_tokens=K)
 
@@ -73,7 +86,7 @@ def main(argv=None) -> None:
             ready = time.perf_counter() - t0
             t1 = time.perf_counter()
             eng = sglang_acceptance.measure_acceptance(srv.base_url, prompts, k=K, max_new_tokens=args.max_new,
-                                                       greedy_reference=greedy)
+                                                       greedy_reference=greedy, stop_token_ids=embedded.stop_ids)
             figures["sglang"] = {**_row(eng.acceptance_length, eng.drafts, eng.accepted_tokens, eng.per_position_rate,
                                         eng.matches_greedy, time.perf_counter() - t1), "server_start_s": round(ready, 1)}
 
@@ -89,8 +102,10 @@ def main(argv=None) -> None:
                                    "server_start_s": round(ready, 1)}
     for name, row in figures.items():
         print(f"{name:>8}: " + ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
-    record("sglang_acceptance", figures,
-           note=f"SmolLM2-135M-Instruct, small_drafter (40 steps), float32 exports, k={K} chain, greedy, "
+    target = ("kimi-mini (KimiK25ForConditionalGeneration, MLA), MLA drafter" if args.target == "kimi-mini"
+              else "SmolLM2-135M-Instruct")
+    record("sglang_acceptance" + ("_kimi_mini" if args.target == "kimi-mini" else ""), figures,
+           note=f"{target}, small_drafter (40 steps), float32 exports, k={K} chain, greedy, "
                 f"{len(prompts)} held-out prompts, up to {args.max_new} new tokens; SGLang {K} steps top-k 1 "
                 "on its intel_amx backend with the project's CPU kernels")
 
