@@ -18,14 +18,12 @@ import json
 
 import pytest
 
-from eagle3_assets.drafter import sglang_acceptance
 from eagle3_assets.target.sglang_server import SGLangServer
 from eagle3_assets.testing import small_drafter
+from tests.test_sglang_serving import MAX_NEW, K, assert_same_acceptance, served_vs_project
 
 pytestmark = [pytest.mark.sglang, pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
 
-K = 3
-MAX_NEW = 16
 PROMPTS = small_drafter.HELD_OUT[:4]
 
 
@@ -60,26 +58,10 @@ def spec_server(kimi_mini_dir, mla_export, tmp_path_factory):
 
 def test_sglang_serves_kimi_mini_with_the_mla_drafter_and_its_counters_equal_the_project(spec_server, mla_export,
                                                                                         kimi, kimi_mini_dir):
-    from eagle3_assets.drafter.export import load_sglang
-    from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
-    from eagle3_assets.drafter.target_weights import read_target_embeddings
-
+    assert json.loads((mla_export / "config.json").read_text())["architectures"] == ["Eagle3DeepseekV2ForCausalLM"]
     log = spec_server.log_path.read_text(errors="replace")
     assert "type=KimiK25ForConditionalGeneration" in log and "type=Eagle3DeepseekV2ForCausalLM" in log
     prompts = [kimi.render_prompt([{"role": "user", "content": q}]) for q in PROMPTS]
-    greedy = [greedy_generate(kimi.model, p, max_new_tokens=MAX_NEW, stop_ids=kimi.stop_ids) for p in prompts]
-    engine = sglang_acceptance.measure_acceptance(spec_server.base_url, prompts, k=K, max_new_tokens=MAX_NEW,
-                                                  greedy_reference=greedy, stop_token_ids=kimi.stop_ids)
-    drafter = load_sglang(mla_export, read_target_embeddings(kimi_mini_dir)).float().eval()
-    assert drafter.config.attention == "mla"
-    project = evaluate_acceptance(kimi.model, drafter, prompts, k=K, max_new_tokens=MAX_NEW, stop_ids=kimi.stop_ids,
-                                  greedy_reference=greedy)
-    figures = sglang_acceptance.compare(project.as_metadata(), engine)
+    engine, project, figures = served_vs_project(spec_server.base_url, kimi, kimi_mini_dir, mla_export, prompts)
     print("kimi-mini MLA drafter acceptance:", json.dumps(figures))
-    assert engine.matches_greedy, (engine.outputs, greedy)
-    assert project.matches_greedy, figures
-    assert engine.drafts > 0 and engine.draft_tokens == K * engine.drafts, figures
-    assert engine.acceptance_length > 1.05, figures  # trained: not a trivial 1.0 vs 1.0
-    accepted = sum(j * n for j, n in enumerate(project.accepted_histogram))
-    assert (engine.drafts, engine.accepted_tokens) == (project.verify_steps, accepted), figures
-    assert engine.per_position_rate == pytest.approx(project.per_position_rate, abs=1e-9), figures
+    assert_same_acceptance(engine, project, figures)

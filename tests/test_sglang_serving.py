@@ -44,25 +44,37 @@ def spec_server(model_dir, sglang_export, tmp_path_factory):
         yield server
 
 
-def test_sglang_eagle3_output_is_greedy_and_its_counters_equal_the_project_evaluator(spec_server, sglang_export,
-                                                                                      embedded, model_dir):
+def served_vs_project(base_url: str, embedded, model_dir, export, prompts):
+    """The export's acceptance by SGLang's counters and by the project's evaluator on the weights
+    SGLang loaded, both against the target's greedy decoding: ``(engine, project, figures)``."""
     from eagle3_assets.drafter.export import load_sglang
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
     from eagle3_assets.drafter.target_weights import read_target_embeddings
 
-    prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in PROMPTS]
-    greedy = [greedy_generate(embedded.model, p, max_new_tokens=MAX_NEW, stop_ids=embedded.stop_ids) for p in prompts]
-    engine = sglang_acceptance.measure_acceptance(spec_server.base_url, prompts, k=K, max_new_tokens=MAX_NEW,
-                                                  greedy_reference=greedy)
-    drafter = load_sglang(sglang_export, read_target_embeddings(model_dir)).float().eval()
-    project = evaluate_acceptance(embedded.model, drafter, prompts, k=K, max_new_tokens=MAX_NEW,
-                                  stop_ids=embedded.stop_ids, greedy_reference=greedy)
-    figures = sglang_acceptance.compare(project.as_metadata(), engine)
-    print("acceptance:", json.dumps(figures))
-    assert engine.matches_greedy, (engine.outputs, greedy)
+    stop = embedded.stop_ids
+    greedy = [greedy_generate(embedded.model, p, max_new_tokens=MAX_NEW, stop_ids=stop) for p in prompts]
+    engine = sglang_acceptance.measure_acceptance(base_url, prompts, k=K, max_new_tokens=MAX_NEW,
+                                                  greedy_reference=greedy, stop_token_ids=stop)
+    drafter = load_sglang(export, read_target_embeddings(model_dir)).float().eval()
+    project = evaluate_acceptance(embedded.model, drafter, prompts, k=K, max_new_tokens=MAX_NEW, stop_ids=stop,
+                                  greedy_reference=greedy)
+    return engine, project, sglang_acceptance.compare(project.as_metadata(), engine)
+
+
+def assert_same_acceptance(engine, project, figures) -> None:
+    """Both decode greedily and SGLang counts exactly the project's steps and accepted tokens."""
+    assert engine.matches_greedy, (engine.outputs, figures)
     assert project.matches_greedy, figures
     assert engine.drafts > 0 and engine.draft_tokens == K * engine.drafts, figures
     assert engine.acceptance_length > 1.05, figures  # trained: not a trivial 1.0 vs 1.0
     accepted = sum(j * n for j, n in enumerate(project.accepted_histogram))
     assert (engine.drafts, engine.accepted_tokens) == (project.verify_steps, accepted), figures
     assert engine.per_position_rate == pytest.approx(project.per_position_rate, abs=1e-9), figures
+
+
+def test_sglang_eagle3_output_is_greedy_and_its_counters_equal_the_project_evaluator(spec_server, sglang_export,
+                                                                                      embedded, model_dir):
+    prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in PROMPTS]
+    engine, project, figures = served_vs_project(spec_server.base_url, embedded, model_dir, sglang_export, prompts)
+    print("acceptance:", json.dumps(figures))
+    assert_same_acceptance(engine, project, figures)

@@ -19,9 +19,9 @@ except ImportError:  # an environment without torch: nothing to declare
     pass
 
 try:
+    import cuda_sync_on_cpu  # noqa: F401  (torch.cuda.synchronize() on a torch without CUDA)
     import sgl_kernel_attention_ops  # noqa: F401  (intel_amx backend's decode/extend attention)
     import sgl_kernel_cpu_ops  # noqa: F401  (the CPU ops SGLang's CPU engine calls)
     import sgl_kernel_spec_ops  # noqa: F401  (the EAGLE worker's tree and cache-location ops)
-    import cuda_sync_on_cpu  # noqa: F401  (torch.cuda.synchronize() on a torch without CUDA)
 except ImportError:  # no torch here
     pass
