@@ -78,3 +78,29 @@ def test_sglang_eagle3_output_is_greedy_and_its_counters_equal_the_project_evalu
     engine, project, figures = served_vs_project(spec_server.base_url, embedded, model_dir, sglang_export, prompts)
     print("acceptance:", json.dumps(figures))
     assert_same_acceptance(engine, project, figures)
+
+
+@pytest.fixture(scope="module")
+def tree_server(model_dir, sglang_export, tmp_path_factory):
+    with SGLangServer(model_dir, attention_backend="intel_amx", drafter_dir=sglang_export, speculative_steps=K,
+                      speculative_topk=2, speculative_draft_tokens=6,
+                      workdir=tmp_path_factory.mktemp("sglang-tree")) as server:
+        yield server
+
+
+def test_sglang_verifies_a_draft_tree_and_stays_greedy(tree_server, embedded):
+    """Top-k 2, 6 nodes a step: SGLang verifies the tree in one extend under its tree mask (the
+    project's ``extend_attention_cpu`` with ``custom_mask``) and accepts a root-to-leaf path. A wrong
+    mask would show every tree node tokens it must not see and change the verified tokens, so the
+    output equal to greedy decoding is the mask's check."""
+    from eagle3_assets.drafter.spec_decode import greedy_generate
+
+    prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in PROMPTS]
+    greedy = [greedy_generate(embedded.model, p, max_new_tokens=MAX_NEW, stop_ids=embedded.stop_ids) for p in prompts]
+    engine = sglang_acceptance.measure_acceptance(tree_server.base_url, prompts, k=K, max_new_tokens=MAX_NEW,
+                                                  greedy_reference=greedy, stop_token_ids=embedded.stop_ids)
+    print("tree acceptance:", engine.acceptance_length, engine.drafts, engine.accepted_tokens)
+    assert "'speculative_eagle_topk': 2" in tree_server.log_path.read_text(errors="replace")
+    assert engine.matches_greedy, (engine.outputs, greedy)
+    assert engine.drafts > 0 and engine.draft_tokens == 5 * engine.drafts  # 6 nodes: the root and 5 drafts
+    assert engine.acceptance_length > 1.05

@@ -92,6 +92,8 @@ class SGLangServer(ServerProcess):
     return_hidden_states: bool = False
     drafter_dir: Path | str | None = None  # an SGLang EAGLE-3 export: speculate with it (chain of speculative_steps)
     speculative_steps: int = 3
+    speculative_topk: int = 1  # > 1: a draft tree of speculative_draft_tokens nodes per step
+    speculative_draft_tokens: int = 0
     extra_args: list[str] = field(default_factory=list)
     env: dict = field(default_factory=dict)
     workdir: Path | str | None = None  # private caches and the log; default a new temp folder
@@ -125,7 +127,8 @@ class SGLangServer(ServerProcess):
         if self.drafter_dir is not None:
             from eagle3_assets.drafter.sglang_acceptance import eagle3_args
 
-            cmd += eagle3_args(Path(self.drafter_dir).resolve(), self.speculative_steps)
+            cmd += eagle3_args(Path(self.drafter_dir).resolve(), self.speculative_steps, self.speculative_topk,
+                               self.speculative_draft_tokens)
         return cmd + list(self.extra_args)
 
     def _cpu_attention_args(self) -> list[str]:
