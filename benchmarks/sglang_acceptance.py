@@ -51,8 +51,8 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(1)  # the other core is the server's
     models = DataLayout.from_env().models_dir
-    attention = "mla" if args.target == "kimi-mini" else "llama"
-    if args.target == "kimi-mini":
+    kimi = args.target == "kimi-mini"
+    if kimi:
         from eagle3_assets.target.kimi_mini import ensure_kimi_mini
         from eagle3_assets.tokens.tokenizer import TargetTokenizer
 
@@ -69,7 +69,7 @@ def main(argv=None) -> None:
         tmp = Path(tmp)
         features = small_drafter.answer_features(embedded, model_dir, tmp / "features", small_drafter.TRAIN_QUESTIONS,
                                                  max_new_tokens=args.max_new)
-        model = small_drafter.train_on_features(features, model_dir, tmp / "train", k=K, attention=attention)
+        model = small_drafter.train_on_features(features, model_dir, tmp / "train", k=K, attention="mla" if kimi else "llama")
         sglang_dir = export_sglang(model, tmp / "sglang", dtype="float32")
         vllm_dir = export_vllm(model, tmp / "vllm", dtype="float32", verifier=str(model_dir), speculative_tokens=K)
 
@@ -102,9 +102,8 @@ def main(argv=None) -> None:
                                    "server_start_s": round(ready, 1)}
     for name, row in figures.items():
         print(f"{name:>8}: " + ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
-    target = ("kimi-mini (KimiK25ForConditionalGeneration, MLA), MLA drafter" if args.target == "kimi-mini"
-              else "SmolLM2-135M-Instruct")
-    record("sglang_acceptance" + ("_kimi_mini" if args.target == "kimi-mini" else ""), figures,
+    target = "kimi-mini (KimiK25ForConditionalGeneration, MLA), MLA drafter" if kimi else "SmolLM2-135M-Instruct"
+    record("sglang_acceptance" + ("_kimi_mini" if kimi else ""), figures,
            note=f"{target}, small_drafter (40 steps), float32 exports, k={K} chain, greedy, "
                 f"{len(prompts)} held-out prompts, up to {args.max_new} new tokens; SGLang {K} steps top-k 1 "
                 "on its intel_amx backend with the project's CPU kernels")

@@ -57,3 +57,46 @@ def test_the_hook_makes_cuda_synchronize_a_no_op_only_on_a_torch_without_cuda():
     bare = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert bare.returncode != 0 and "not compiled with CUDA" in bare.stderr
+
+
+# The tree mask SGLang 0.5.23's EAGLE worker passed to extend_attention_cpu on this CPU (top-k 2, 3 steps,
+# 6 nodes; recorded from a real server's verify step): node i's row says which of the 6 new tokens it sees.
+SGLANG_TREE_MASK = [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0],
+                    [1, 1, 0, 1, 0, 0], [1, 1, 0, 0, 1, 0], [1, 0, 1, 0, 0, 1]]
+TREE_PARENTS = [None, 0, 0, 1, 1, 2]  # root; its two drafts; two children of node 1, one of node 2
+
+
+def test_extend_attention_with_sglangs_tree_mask_equals_sdpa_over_each_nodes_ancestors():
+    """Verify of a draft tree: each node sees the whole prefix, its ancestors and itself, nothing else
+    (reference: torch's scaled_dot_product_attention with that mask built from the parents)."""
+    import importlib.util as iu
+
+    sys.path.insert(0, str(HOOK_DIR))
+    try:
+        spec = iu.spec_from_file_location("sgl_kernel_attention_ops", HOOK_DIR / "sgl_kernel_attention_ops.py")
+        spec.loader.exec_module(iu.module_from_spec(spec))
+    finally:
+        sys.path.remove(str(HOOK_DIR))
+    g = torch.Generator().manual_seed(3)
+    heads, dim, prefix, n, pool = 2, 8, 5, 6, 32
+    k_cache, v_cache = torch.randn(pool, heads, dim, generator=g), torch.randn(pool, heads, dim, generator=g)
+    rtt = torch.randperm(pool, generator=g).to(torch.int32).view(1, pool)
+    q = torch.randn(n, heads, dim, generator=g)
+    seen = torch.zeros(n, prefix + n, dtype=torch.bool)
+    seen[:, :prefix] = True
+    for i in range(n):
+        j = i
+        while j is not None:
+            seen[i, prefix + j] = True
+            j = TREE_PARENTS[j]
+    slots = rtt[0, :prefix + n].long()
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k_cache[slots].transpose(0, 1), v_cache[slots].transpose(0, 1), attn_mask=seen,
+        scale=dim ** -0.5).transpose(0, 1)
+    args = (k_cache, v_cache, 1.0, 1.0, rtt, torch.tensor([0]), torch.tensor([prefix + n]), torch.tensor([n]),
+            torch.tensor([0]), n, dim ** -0.5, 0.0, False, 0, None, None)
+    got, chain = torch.zeros_like(q), torch.zeros_like(q)
+    torch.ops.sgl_kernel.extend_attention_cpu(q, None, None, got, *args, torch.tensor(SGLANG_TREE_MASK).flatten(), True)
+    torch.ops.sgl_kernel.extend_attention_cpu(q, None, None, chain, *args, None, True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(chain, want, atol=1e-3)  # the mask matters: causal order alone is wrong here

@@ -89,10 +89,11 @@ def tree_server(model_dir, sglang_export, tmp_path_factory):
 
 
 def test_sglang_verifies_a_draft_tree_and_stays_greedy(tree_server, embedded):
-    """Top-k 2, 6 nodes a step: SGLang verifies the tree in one extend under its tree mask (the
-    project's ``extend_attention_cpu`` with ``custom_mask``) and accepts a root-to-leaf path. A wrong
-    mask would show every tree node tokens it must not see and change the verified tokens, so the
-    output equal to greedy decoding is the mask's check."""
+    """Top-k 2, 6 nodes a step: SGLang's worker drafts a tree, verifies it in one extend under its tree
+    mask (the project's ``extend_attention_cpu`` with ``custom_mask``) and accepts a root-to-leaf path,
+    and the output stays greedy. That alone does not prove the mask: with this small drafter the
+    output was unchanged with the mask ignored, so the mask itself is checked op-level against
+    torch's attention over each node's ancestors (tests/test_sglang_cpu_support.py)."""
     from eagle3_assets.drafter.spec_decode import greedy_generate
 
     prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in PROMPTS]

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import torch
 
-ORIGINAL = torch.cuda.synchronize
-
 
 def _synchronize_nothing(device=None) -> None:
     """No CUDA in this torch: no stream has work to wait for."""

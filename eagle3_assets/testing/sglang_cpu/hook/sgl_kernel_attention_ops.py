@@ -83,16 +83,16 @@ def extend_attention_cpu(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
             continue
         prefix = total - n
         slots = req_to_token[rpi, :total].long()
-        keys, values = k_buffer[slots], v_buffer[slots][..., :dv]
-        if k_extend is not None and v_extend is not None:
-            new_k, new_v = k_extend[start: start + n], v_extend[start: start + n][..., :dv]
-            if prefix == 0:
-                keys, values = new_k, new_v
-            elif new_k.shape[1:] != k_buffer.shape[1:]:
-                raise NotImplementedError(f"extend_attention_cpu (project CPU stand-in): new keys {tuple(new_k.shape[1:])} "
+        if k_extend is None or v_extend is None:  # the new tokens' rows are read back from the caches
+            keys, values = k_buffer[slots], v_buffer[slots][..., :dv]
+        else:
+            keys, values = k_extend[start: start + n], v_extend[start: start + n][..., :dv]
+            if prefix and keys.shape[1:] != k_buffer.shape[1:]:
+                raise NotImplementedError(f"extend_attention_cpu (project CPU stand-in): new keys {tuple(keys.shape[1:])} "
                                           f"differ from the cache's {tuple(k_buffer.shape[1:])} with a prefix of {prefix}")
-            else:
-                keys, values = torch.cat([keys[:prefix], new_k]), torch.cat([values[:prefix], new_v])
+            if prefix:
+                keys = torch.cat([k_buffer[slots[:prefix]], keys])
+                values = torch.cat([v_buffer[slots[:prefix]][..., :dv], values])
         allowed = None
         if is_causal or custom_mask is not None:
             qpos = torch.arange(n).unsqueeze(1) + prefix
