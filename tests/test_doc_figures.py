@@ -1,6 +1,6 @@
 """Figures in the docs that cite a result file equal that file.
 
-A table in ``docs/*.md`` preceded by ``<!-- figures: benchmarks/results/<name>.json KEY.KEY -->``
+A table in ``README.md`` or ``docs/*.md`` preceded by ``<!-- figures: benchmarks/results/<name>.json KEY.KEY -->``
 cites the object at that path inside the result file (``benchmarks/results.py`` writes them).
 Either each row names a key of that object and each column a key of the row's object, or the
 table has the columns ``figure | value`` and each row names a key of the object itself. Every
@@ -74,7 +74,7 @@ def check_table(result: dict, key_path: str, header: list[str], rows: list[list[
 
 
 def all_tagged():
-    for page in sorted((ROOT / "docs").rglob("*.md")):
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         for path, key_path, header, rows, line in tagged_tables(page.read_text()):
             yield page, path, key_path, header, rows, line
 
