@@ -25,6 +25,7 @@ Run (every heavy piece under the shared lock on a shared box):
 
     flock /tmp/eagle3-cpu.lock .venv/bin/python benchmarks/drafter_quality.py data
     flock /tmp/eagle3-cpu.lock .venv/bin/python benchmarks/drafter_quality.py row today
+    flock /tmp/eagle3-cpu.lock .venv/bin/python benchmarks/drafter_quality.py engines today   # re-measure engines only
     flock /tmp/eagle3-cpu.lock .venv/bin/python benchmarks/drafter_quality.py reference
     .venv/bin/python benchmarks/drafter_quality.py table
 """
@@ -141,11 +142,25 @@ def run_row(root: Path, name: str, *, threads: int, vllm: bool, force: bool, sca
     table = recipe_table(name, scale)
     row.update(name=rname, description=table["description"], recipe=table, load_before=load0,
                load_after_training=uptime(), finished_at=time.strftime("%Y-%m-%d %H:%M:%S"))
-    row["vllm"] = vllm_row(root, rname, row["eval"]) if vllm else {"skipped": "not measured (--no-vllm)"}
-    row["sglang"] = sglang_row(root, rname, row["eval"]) if sglang else {"skipped": "not measured (--no-sglang)"}
-    row["load_after"] = uptime()
+    row["vllm"] = {"skipped": "not measured (--no-vllm)"}
+    row["sglang"] = {"skipped": "not measured (--no-sglang)"}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(row, indent=2))
+    path.write_text(json.dumps(row, indent=2))  # the trained row is kept whatever an engine does next
+    return measure_engines(root, rname, vllm=vllm, sglang=sglang)
+
+
+def measure_engines(root: Path, rname: str, *, vllm: bool = True, sglang: bool = True) -> dict:
+    """vLLM's and SGLang's counters on a trained row's exports, written into its result file as
+    each finishes; ``engines <row>`` reruns this alone on a row that already has results."""
+    path = root / "results" / f"{rname}.json"
+    if not path.exists():
+        raise SystemExit(f"row {rname}: no result file {path}; train it first (row {rname})")
+    row = json.loads(path.read_text())
+    for engine, wanted, measure in (("vllm", vllm, vllm_row), ("sglang", sglang, sglang_row)):
+        if wanted:
+            row[engine] = measure(root, rname, row["eval"])
+            row["load_after"] = uptime()
+            path.write_text(json.dumps(row, indent=2))
     print(f"row {rname}: {line(row)}", flush=True)
     return row
 
@@ -319,7 +334,8 @@ def run_reference(args) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=["data", "speed", "row", "table", "reference", "final", "_train", "_fit", "_speed"])
+    ap.add_argument("command", choices=["data", "speed", "row", "engines", "table", "reference", "final", "_train", "_fit",
+                                        "_speed"])
     ap.add_argument("names", nargs="*", help="data variants (data) or rows (row, table); default: all")
     ap.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
@@ -357,6 +373,10 @@ def main(argv=None) -> int:
                     piece_steps=args.piece_steps)
         if args.reference:
             run_reference(args)
+    elif args.command == "engines":
+        for name in args.names or list(VARIANTS):
+            if (args.root / "results" / f"{name}.json").exists() or args.names:
+                measure_engines(args.root, name, vllm=not args.no_vllm, sglang=not args.no_sglang)
     elif args.command == "final":
         for name in args.names:
             run_final(args.root, name, threads=args.threads)
