@@ -75,13 +75,18 @@ def resume(reqs, srv, store, concurrency):
 
 
 def settled(srv) -> dict:
-    """The server's stats once nothing is in progress: what was in flight at a kill is finished and billed."""
+    """The server's stats once every client connection is closed and nothing is in progress: what a
+    killed client had sent (a request still in the socket when it died is read after the kill) is
+    received, finished and billed."""
     deadline = time.monotonic() + SETTLE_S
+    quiet_reads = 0  # two in a row, so a connection still in the listen queue at the first is accepted by the second
     while True:
         stats = srv.stats()
-        if stats["ledger"]["in_progress"] == 0 or time.monotonic() > deadline:
+        quiet = stats["ledger"]["in_progress"] == 0 and stats["connections_open"] == 0
+        quiet_reads = quiet_reads + 1 if quiet else 0
+        if quiet_reads >= 2 or time.monotonic() > deadline:
             return stats
-        time.sleep(0.02)
+        time.sleep(0.1 if quiet else 0.02)
 
 
 def the_bill(store: ResponseStore) -> dict:
@@ -167,9 +172,10 @@ def test_kill_at_random_points_counts_delivered_against_kept(tmp_path, serve, se
         proc.wait(timeout=60)
         assert proc.returncode == -signal.SIGKILL, f"round {round_}: the child ended early: {proc.stderr.read()[-2000:]}"
         stats = settled(srv)
+        t_settled = time.time()  # nothing arrives from the dead run after this, nothing from the next before
         starts = [json.loads(x) for x in (store.dir / KEY_LEDGER).read_text().splitlines()]
         own_billing = [b for b in store.billing()[billing_before:] if b["reason"] != DEAD_RUN_REASON]
-        windows.append({"t_launch": t_launch, "t_kill": t_kill, "billing": own_billing,
+        windows.append({"t_launch": t_launch, "t_end": t_settled, "billing": own_billing,
                         "run": [r for r in starts if r["event"] == "start"][-1]["run"]})
         delivered: dict[str, float] = {}
         for e in stats["ledger_entries"]:  # this run's billed replies the server handed to the socket before the kill
@@ -228,12 +234,13 @@ def test_kill_at_random_points_counts_delivered_against_kept(tmp_path, serve, se
 
 
 def never_kept_usd(entries: list[dict], window: dict, kept_rows: list[dict], by_sample: dict) -> float:
-    """The server's bill for one killed run: requests that arrived between its launch and its kill,
-    were billed, and were kept nowhere: not the generation of a row, and not a reply whose cost the run
+    """The server's bill for one killed run: requests that arrived between its launch and the moment
+    its last connection closed (a request it sent just before the kill arrives after it), were billed,
+    and were kept nowhere: not the generation of a row, and not a reply whose cost the run
     wrote to billing.jsonl itself (matched one for one, by conversation and cost, among its replies the
     server delivered)."""
     kept = {r["generation_id"] for r in kept_rows}
-    ours = [e for e in entries if window["t_launch"] <= e["received_at"] <= window["t_kill"] and e["billed"]
+    ours = [e for e in entries if window["t_launch"] <= e["received_at"] <= window["t_end"] and e["billed"]
             and e["generation_id"] not in kept]
     for b in window["billing"]:  # a reply the run saw and billed without a row
         match = next((e for e in ours if e["key"] == by_sample[b["sample_id"]] and e["delivered_at"] is not None
