@@ -260,7 +260,8 @@ def result_rows(root: Path, names: list[str]) -> list[dict]:
 def table(root: Path, names: list[str]) -> str:
     """The ablation table (markdown) from the rows' result files, in ``VARIANTS`` order."""
     head = ("| row | what changes | AL project | AL vLLM | AL SGLang | per position (project) | per position (vLLM) | "
-            "untrained AL | train tok/s | train s | row s | trainer peak RSS MiB | load (1/5/15 min) |")
+            "per position (SGLang) | untrained AL | train tok/s | train s | row s | trainer peak RSS MiB | "
+            "load (1/5/15 min) |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in result_rows(root, names):
         t, u, v, tr = r["eval"]["trained"], r["eval"].get("untrained") or {}, r["vllm"], r["train"]
@@ -268,9 +269,10 @@ def table(root: Path, names: list[str]) -> str:
         vp = " / ".join(f"{x:.2f}" for x in v.get("per_position_rate", [])) or "-"
         g = r.get("sglang") or {}
         sl = f"{g['acceptance_length']:.3f}" if "acceptance_length" in g else g.get("skipped", "-")
+        sp = " / ".join(f"{x:.2f}" for x in g.get("per_position_rate", [])) or "-"
         ul = f"{u['acceptance_length']:.3f}" if u else "-"
         out.append(f"| {r['name']} | {r['description']} | {t['acceptance_length']:.3f} | {vl} | {sl} | "
-                   f"{' / '.join(f'{x:.2f}' for x in t['per_position_rate'])} | {vp} | {ul} | "
+                   f"{' / '.join(f'{x:.2f}' for x in t['per_position_rate'])} | {vp} | {sp} | {ul} | "
                    f"{tr['tokens_per_s']:.0f} | {tr['wall_s']:.0f} | {r['row_wall_s']:.0f} | "
                    f"{r['trainer_peak_rss_mib']:.0f} | {r['load_before']} |")
     return "\n".join(out)
