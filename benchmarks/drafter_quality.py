@@ -281,8 +281,15 @@ def table(root: Path, names: list[str]) -> str:
 def table_figures(r: dict) -> dict:
     """One ablation row's figures as the table prints them (the docs' table is checked against these)."""
     t, u, v, tr = r["eval"]["trained"], r["eval"].get("untrained") or {}, r["vllm"], r["train"]
+    g = r.get("sglang") or {}
     return {"AL project": t["acceptance_length"], "AL vLLM": v.get("acceptance_length"),
-            "AL SGLang": (r.get("sglang") or {}).get("acceptance_length"),
+            "AL SGLang": g.get("acceptance_length"),
+            # each evaluator's own count of verification steps and accepted draft tokens
+            "steps project": t.get("verify_steps"), "steps vLLM": v.get("drafts"), "steps SGLang": g.get("drafts"),
+            "accepted project": (sum(i * n for i, n in enumerate(t["accepted_histogram"]))
+                                 if "accepted_histogram" in t else None),
+            "accepted vLLM": v.get("accepted_tokens"), "accepted SGLang": g.get("accepted_tokens"),
+            "SGLang s": g.get("seconds"), "vLLM s": v.get("seconds"),  # server start + decoding
             "untrained AL": u.get("acceptance_length"), "train tok/s": tr["tokens_per_s"], "train s": tr["wall_s"],
             "row s": r["row_wall_s"], "trainer peak RSS MiB": r["trainer_peak_rss_mib"], "load (1/5/15 min)": r["load_before"],
             "finished_at": r.get("finished_at")}
