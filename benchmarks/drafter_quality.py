@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import resource
 import shutil
 import subprocess
@@ -58,6 +57,7 @@ from quality_recipes import (
     uptime,
     write_recipe,
 )
+from quality_table import plot_curves, result_rows, table, table_figures
 from results import record
 
 
@@ -241,97 +241,6 @@ def reference_status(python: str) -> str | None:
     """Why the reference trainer (speculators 0.9.0) cannot run beside the rows, or None."""
 
     return reference_row.status(python)
-
-
-def result_rows(root: Path, names: list[str]) -> list[dict]:
-    """Result files of the named rows (all when none), in ``VARIANTS`` order: each row, its
-    screening runs and its run through the asset; then the reference trainer's."""
-    found = {p.stem: json.loads(p.read_text()) for p in sorted((root / "results").glob("*.json"))
-             if not p.stem.startswith(("greedy-", "replay-"))}
-    rows = []
-    for name in names or list(VARIANTS):
-        rows += [r for stem, r in found.items()
-                 if stem == name or stem == f"{name}_asset" or re.fullmatch(rf"{re.escape(name)}_s[0-9.]+", stem)]
-    if not names or "reference" in names:  # speculators 0.9.0 on the same data (reference_row.py)
-        rows += reference_row.table_rows(root)
-    return rows
-
-
-def table(root: Path, names: list[str]) -> str:
-    """The ablation table (markdown) from the rows' result files, in ``VARIANTS`` order."""
-    head = ("| row | what changes | AL project | AL vLLM | AL SGLang | per position (project) | per position (vLLM) | "
-            "per position (SGLang) | untrained AL | train tok/s | train s | row s | trainer peak RSS MiB | "
-            "load (1/5/15 min) |")
-    out = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in result_rows(root, names):
-        t, u, v, tr = r["eval"]["trained"], r["eval"].get("untrained") or {}, r["vllm"], r["train"]
-        vl = f"{v['acceptance_length']:.3f}" if "acceptance_length" in v else v.get("skipped", "-")
-        vp = " / ".join(f"{x:.2f}" for x in v.get("per_position_rate", [])) or "-"
-        g = r.get("sglang") or {}
-        sl = f"{g['acceptance_length']:.3f}" if "acceptance_length" in g else g.get("skipped", "-")
-        sp = " / ".join(f"{x:.2f}" for x in g.get("per_position_rate", [])) or "-"
-        ul = f"{u['acceptance_length']:.3f}" if u else "-"
-        out.append(f"| {r['name']} | {r['description']} | {t['acceptance_length']:.3f} | {vl} | {sl} | "
-                   f"{' / '.join(f'{x:.2f}' for x in t['per_position_rate'])} | {vp} | {sp} | {ul} | "
-                   f"{tr['tokens_per_s']:.0f} | {tr['wall_s']:.0f} | {r['row_wall_s']:.0f} | "
-                   f"{r['trainer_peak_rss_mib']:.0f} | {r['load_before']} |")
-    return "\n".join(out)
-
-
-def table_figures(r: dict) -> dict:
-    """One ablation row's figures as the table prints them (the docs' table is checked against these)."""
-    t, u, v, tr = r["eval"]["trained"], r["eval"].get("untrained") or {}, r["vllm"], r["train"]
-    g = r.get("sglang") or {}
-    return {"AL project": t["acceptance_length"], "AL vLLM": v.get("acceptance_length"),
-            "AL SGLang": g.get("acceptance_length"),
-            # each evaluator's own count of verification steps and accepted draft tokens
-            "steps project": t.get("verify_steps"), "steps vLLM": v.get("drafts"), "steps SGLang": g.get("drafts"),
-            "accepted project": (sum(i * n for i, n in enumerate(t["accepted_histogram"]))
-                                 if "accepted_histogram" in t else None),
-            "accepted vLLM": v.get("accepted_tokens"), "accepted SGLang": g.get("accepted_tokens"),
-            "SGLang s": g.get("seconds"), "vLLM s": v.get("seconds"),  # server start + decoding
-            "untrained AL": u.get("acceptance_length"), "train tok/s": tr["tokens_per_s"], "train s": tr["wall_s"],
-            "row s": r["row_wall_s"], "trainer peak RSS MiB": r["trainer_peak_rss_mib"], "load (1/5/15 min)": r["load_before"],
-            "finished_at": r.get("finished_at")}
-
-
-def plot_curves(root: Path, names: list[str], path: Path) -> Path | None:
-    """Acceptance length over training (the replay evaluator on each row's kept checkpoints), one
-    line per row, with the 2.2 goal and the reference trainer's figure when there is one."""
-    rows = [r for r in result_rows(root, names) if r.get("curve")]
-    if not rows:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    palette = plt.get_cmap("tab20").colors
-    for i, r in enumerate(rows):
-        xs = [c["epoch"] / r["recipe"]["epochs"] for c in r["curve"]]
-        # today's recipe in black, combinations bold, single levers thin: the eye finds the
-        # baseline and the winners first among a dozen lines.
-        if r["name"] == "today":
-            style = dict(color="black", linewidth=2.2)
-        elif r["name"].startswith("replies8") or r["name"] in ("levers", "noise_norm_fc"):
-            style = dict(color=palette[i % len(palette)], linewidth=2.0)
-        else:
-            style = dict(color=palette[i % len(palette)], linewidth=1.0, alpha=0.8)
-        ax.plot(xs, [c["acceptance_length"] for c in r["curve"]], marker="o", markersize=3,
-                label=r["name"], **style)
-    ref = [r for r in result_rows(root, ["reference"]) if r["name"].startswith("reference")]
-    for r in ref:
-        ax.axhline(r["eval"]["trained"]["acceptance_length"], color="gray", linestyle=":", label=r["name"])
-    ax.axhline(2.2, color="black", linestyle="--", linewidth=1, label="goal 2.2")
-    ax.set_xlabel("share of the row's training run")
-    ax.set_ylabel("acceptance length (k=3, held-out)")
-    ax.set_title("Acceptance over training, replay evaluator")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return path
 
 
 def run_reference(args) -> None:

@@ -208,7 +208,7 @@ def evaluate(root: Path, name: str, checkpoint: Path, run_dir: Path) -> dict:
 
 
 def table_rows(root: Path) -> list[dict]:
-    """The cached reference rows (the full run first), for ``drafter_quality.table``."""
+    """The cached reference rows (the full run first), for ``quality_table.table``."""
     rows = [json.loads(p.read_text()) for p in sorted((root / "results").glob(f"{NAME}*.json"))]
     return sorted(rows, key=lambda r: r["name"] != NAME)
 
