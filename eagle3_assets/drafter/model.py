@@ -13,14 +13,10 @@ Module names are SGLang's ``LlamaForCausalLMEagle3`` weight names (``fc``, ``mid
 ``norm``, ``lm_head``, buffers ``d2t``/``t2d``), so export is a rename-free copy.
 
 The layer is the same in training and decoding; only what a query may attend to differs, and
-that lives in two small "attention context" objects:
-
-- ``TTTContext`` (training-time test, see ``Eagle3Drafter.forward``): step 0 is ordinary causal
-  attention over the target-feature entries; at unrolled step s the query at index t attends to
-  the step-0 keys at indices <= t plus its own chain's keys from steps 1..s at index t (the
-  "diagonal"). That is exactly what chain drafting sees when drafting s tokens past position t.
-- ``KVCache`` (decoding): a growing cache; new queries see every cached entry and, causally,
-  each other.
+that lives in the attention contexts of ``drafter/contexts.py`` (``TTTContext`` for the unrolled
+training-time test, ``KVCache`` for decoding). Training can keep each unrolled step's layer out
+of memory until backward (``checkpoint=True``: the step is recomputed then), which is what
+lets a K2.5-sized drafter train on 8,192-token agentic replies.
 """
 
 from __future__ import annotations
@@ -31,8 +27,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint as recompute_in_backward
 
 from eagle3_assets.drafter.attention import ATTENTION, attention_class, target_shape
+from eagle3_assets.drafter.contexts import KVCache, TTTContext  # noqa: F401  (KVCache: the decoders' import point)
 from eagle3_assets.drafter.norm import RMSNorm
 from eagle3_assets.drafter.rope import drafter_rope_scaling, rope_frequencies
 
@@ -212,69 +210,6 @@ class Eagle3Layer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-# ----------------------------------------------------------------------------- attention contexts
-
-
-class TTTContext:
-    """Training-time test attention over T positions unrolled for several steps.
-
-    Entry (step j, index t) stands for the virtual sequence position t + j: the step-0 entries
-    are built from the target's features, the later ones from the drafter's own outputs along
-    the chain that starts after position t. A query (step s, index t) may see step-0 keys at
-    indices u <= t and the keys (step j, index t) for 1 <= j <= s. Rotary positions are t + s,
-    so relative distances are those of real chain decoding.
-
-    Each step is one call of PyTorch's fused ``scaled_dot_product_attention`` over the keys of
-    steps 0..s laid side by side ([T, (s+1)T] boolean mask: causal on the step-0 block, the
-    diagonal on every later block), so no [T, T] score matrix is kept for backward. Batches
-    are right-padded: a real query never reaches a padded key through the causal block, and a
-    padded query (outside the loss) always sees key 0, so no row is empty.
-    """
-
-    def __init__(self, key_valid: torch.Tensor):
-        if key_valid.shape[1] > 1 and bool((key_valid[:, 1:] > key_valid[:, :-1]).any()):
-            raise ValueError("attention_mask must be right padding (ones, then zeros) in every row")
-        t = key_valid.shape[1]
-        idx = torch.arange(t, device=key_valid.device)
-        self.causal = idx[None, :] <= idx[:, None]  # [T, T]
-        self.diag = idx[None, :] == idx[:, None]
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-
-    def attend(self, q, k, v, scale: float) -> torch.Tensor:
-        self.keys.append(k)
-        self.values.append(v)
-        if len(self.keys) == 1:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-        mask = torch.cat([self.causal, *([self.diag] * (len(self.keys) - 1))], dim=-1)  # [T, (s+1)T]
-        return F.scaled_dot_product_attention(q, torch.cat(self.keys, dim=2), torch.cat(self.values, dim=2),
-                                              attn_mask=mask, scale=scale)
-
-
-class KVCache:
-    """Keys/values of already processed entries for incremental decoding (batch of one or more)."""
-
-    def __init__(self):
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
-
-    def truncate(self, length: int) -> None:
-        if self.k is not None:
-            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
-
-    def attend(self, q, k, v, scale: float) -> torch.Tensor:
-        past = len(self)
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        t, total = q.shape[2], self.k.shape[2]
-        qi = torch.arange(t, device=q.device)[:, None] + past
-        mask = torch.arange(total, device=q.device)[None, :] <= qi  # [t, total]
-        return F.scaled_dot_product_attention(q, self.k, self.v, attn_mask=mask, scale=scale)
-
-
 # ----------------------------------------------------------------------------- the drafter
 
 
@@ -304,7 +239,8 @@ class Eagle3Drafter(nn.Module):
     def init_weights(self, seed: int) -> Eagle3Drafter:
         """Deterministic init from ``seed`` alone (normal(0, initializer_range), unit norms),
         without touching the global RNG."""
-        g = torch.Generator().manual_seed(seed)
+        device = next(p for n, p in self.named_parameters() if n != "embed_tokens.weight").device
+        g = torch.Generator(device=device).manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if name == "embed_tokens.weight":
@@ -312,7 +248,8 @@ class Eagle3Drafter(nn.Module):
                 if name.endswith("norm.weight"):
                     p.fill_(1.0)
                 else:
-                    p.copy_(torch.randn(p.shape, generator=g) * self.config.initializer_range)
+                    p.copy_(torch.randn(p.shape, generator=g, device=device, dtype=torch.float32)
+                            * self.config.initializer_range)
         return self
 
     def set_embeddings(self, weight: torch.Tensor) -> Eagle3Drafter:
@@ -357,7 +294,8 @@ class Eagle3Drafter(nn.Module):
 
     # -- training
 
-    def forward(self, input_ids, aux_hidden, attention_mask=None, ttt_steps: int = 1, packed=None) -> list[torch.Tensor]:
+    def forward(self, input_ids, aux_hidden, attention_mask=None, ttt_steps: int = 1, packed=None, *,
+                checkpoint: bool = False, hidden_only: bool = False) -> list[torch.Tensor]:
         """Unrolled training-time test. Returns the draft logits [B, T, N] of every step.
 
         Step s at index t reads token ``input_ids[t + 1 + s]`` (ground truth, zero past the end)
@@ -365,6 +303,9 @@ class Eagle3Drafter(nn.Module):
         reads the drafter's own hidden output of step s - 1 at the same index (its chain).
         With ``packed`` (a ``drafter.packing.PackedBatch``) the inputs are its one row of
         samples back to back, and step s returns logits [n_s, N] of its ``logit_rows`` alone.
+        ``checkpoint`` keeps only each step's input hidden stream and keys for backward and
+        recomputes the rest of the step there; ``hidden_only`` returns each step's pre-norm
+        hidden rows instead of logits (the trainer then runs the head in chunks).
         """
         if packed is not None:
             positions, context, shift, rows = packed.positions, packed.context(), packed.shift, packed.logit_rows
@@ -377,9 +318,18 @@ class Eagle3Drafter(nn.Module):
         hidden = self.project_aux(aux_hidden)
         out = []
         for s in range(ttt_steps):
-            hidden = self.step(shift(input_ids, s + 1), hidden, positions + s, context)
-            out.append(self.logits(hidden if rows is None else hidden[0, rows[s]]))
+            args = (shift(input_ids, s + 1), hidden, positions + s, context, s)
+            if checkpoint and torch.is_grad_enabled():
+                hidden = recompute_in_backward(self._ttt_step, *args, use_reentrant=False, preserve_rng_state=False)
+            else:
+                hidden = self._ttt_step(*args)
+            picked = hidden if rows is None else hidden[0, rows[s]]
+            out.append(picked if hidden_only else self.logits(picked))
         return out
+
+    def _ttt_step(self, ids, hidden, positions, context, s: int) -> torch.Tensor:
+        """Unrolled step ``s``; a recomputation in backward replaces that step's own keys."""
+        return self.step(ids, hidden, positions, context.at_step(s))
 
 
 def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
@@ -390,9 +340,23 @@ def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
     return torch.cat([x[:, n:], pad], dim=1)
 
 
-def build_drafter(cfg: DrafterConfig, embeddings: torch.Tensor, vmap=None, *, seed: int = 0) -> Eagle3Drafter:
-    """A freshly initialised drafter with the target's embeddings (and a vocabulary map)."""
-    model = Eagle3Drafter(cfg).init_weights(seed).set_embeddings(embeddings)
+def build_drafter(cfg: DrafterConfig, embeddings: torch.Tensor, vmap=None, *, seed: int = 0,
+                  device: torch.device | str = "cpu", embed_dtype: torch.dtype | None = None) -> Eagle3Drafter:
+    """A freshly initialised drafter with the target's embeddings (and a vocabulary map), built
+    directly on ``device``: the modules are laid out on the meta device (no default init of
+    2B parameters on a CPU), then materialised there and drawn from ``seed`` by a generator of
+    that device (on CPU: the values ``init_weights`` always drew). The frozen embedding is held
+    in ``embed_dtype`` (default float32; the target's bf16 rows lose nothing in bf16)."""
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = Eagle3Drafter(cfg)
+    model = model.to_empty(device=device)
+    model.rotary = attention_class(cfg.attention).rotary(cfg).to(device)  # its buffers are computed, not drawn
+    if embed_dtype is not None:
+        model.embed_tokens.to(embed_dtype)
+    model.init_weights(seed).set_embeddings(embeddings)
+    model.d2t.zero_()
+    model.t2d.zero_()
     if vmap is not None:
         model.set_vocab_map(vmap)
     return model

@@ -19,15 +19,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from eagle3_assets.drafter.contexts import StepKeys
 
-class PackedTTTContext:
+
+class PackedTTTContext(StepKeys):
     """Training-time-test attention over packed samples: per sample, step 0 is causal over its
     step-0 keys and step s > 0 adds the diagonal of each later step (see ``TTTContext``)."""
 
     def __init__(self, bounds: list[tuple[int, int]]):
+        super().__init__()
         self.bounds = bounds
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
         self._masks: dict[tuple[int, int], torch.Tensor] = {}
 
     def _mask(self, n: int, steps: int, device) -> torch.Tensor:
@@ -39,9 +40,7 @@ class PackedTTTContext:
         return self._masks[key]
 
     def attend(self, q, k, v, scale: float) -> torch.Tensor:
-        self.keys.append(k)
-        self.values.append(v)
-        steps, out = len(self.keys), []
+        steps, out = self.push(k, v), []
         for a, b in self.bounds:
             qs = q[:, :, a:b]
             if steps == 1:

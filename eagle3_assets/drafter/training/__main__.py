@@ -12,9 +12,12 @@ import json
 import os
 import sys
 
-from eagle3_assets.drafter.training.config import TrainJob
-from eagle3_assets.drafter.training.distributed import close_distributed
-from eagle3_assets.drafter.training.job import run_job
+# Before torch is imported: growing segments instead of a new block for every size (see run_job).
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+from eagle3_assets.drafter.training.config import TrainJob  # noqa: E402
+from eagle3_assets.drafter.training.distributed import close_distributed  # noqa: E402
+from eagle3_assets.drafter.training.job import MemoryPlanError, run_job  # noqa: E402
 
 
 def _open_pipes():
@@ -53,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
             meta = {k: v for k, v in summary.items() if isinstance(v, (int, float, str)) and v is not None}
             meta["final_acc_per_step"] = json.dumps(summary.get("final_acc_per_step"))
             pipes.report_asset_materialization(metadata=meta, asset_key=job.pipes_asset_key)
+    except MemoryPlanError as exc:  # refused before any weight was built
+        print(f"error: {job.out_dir}: {exc}", file=sys.stderr)
+        return 2
     finally:
         close_distributed()
     return 0

@@ -174,6 +174,13 @@ class RuntimeSettings(_Section):
     stop_after: int | None = Field(None, ge=0)  # end after this many total steps, as a crash would
     progress: bool = True
     packed: bool = True  # train on the real tokens back to back (False: on the padded batch; same result, slower)
+    # The step's memory layout (drafter/training/memory_plan.py); none of it changes the gradient beyond
+    # float rounding. auto (-1 / "auto"): on a GPU the plan picks the cheapest layout that fits
+    # memory_fraction of it; on a CPU the plain step. A value set here is used as it is.
+    micro_batch_tokens: int = Field(-1, ge=-1)  # real tokens per forward/backward; 0: the rank's whole batch
+    activation_checkpointing: Literal["auto", "on", "off"] = "auto"  # recompute each TTT step's layer in backward
+    loss_chunk_rows: int = Field(-1, ge=-1)  # rows of the draft head and softmaxes at a time; 0: all at once
+    memory_fraction: float = Field(0.9, gt=0.0, le=1.0)  # of the device's memory the plan may fill
 
 
 class ExportSettings(_Section):

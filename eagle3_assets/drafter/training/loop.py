@@ -8,6 +8,14 @@ gradient; the steps are summed with weights ``step_loss_decay ** s``. ``feature_
 the target features of each batch (keyed by seed, step and rank: a resumed run draws what the
 uninterrupted one drew). On a GPU the drafter runs under bf16 autocast (fp32 master weights)
 and the teacher in bf16; on CPU both run in fp32.
+
+Memory (``StepMemory``, chosen by ``drafter/training/memory_plan.py`` from the recipe, the
+target and the device): a rank's batch may run as several micro-batches of at most
+``micro_batch_tokens`` real tokens, each forward and backward in turn, their gradients summed
+(the loss is normalised by the global batch's counts, known before the first forward, so the
+step's gradient is the whole batch's); each TTT step's layer may be recomputed in backward
+(``checkpoint``); and the head and softmaxes may run in chunks of rows (``loss_chunk_rows``).
+None of it changes the step beyond float rounding (tests/test_training_memory.py).
 """
 
 from __future__ import annotations
@@ -28,9 +36,11 @@ from eagle3_assets.drafter.packing import PackedBatch
 from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint, write_atomic_text
 from eagle3_assets.drafter.training.config import TrainSettings
 from eagle3_assets.drafter.training.distributed import all_reduce_sum, barrier, dist_info, rng_state, set_rng_state
+from eagle3_assets.drafter.training.loss import chunked_step_terms
+from eagle3_assets.drafter.training.memory_plan import StepMemory, split_batch
 from eagle3_assets.drafter.training.metrics import TrainResult, plot_training_curve
 from eagle3_assets.drafter.training.optim import Optimizers
-from eagle3_assets.drafter.training.teacher import TERMS, TargetIdCache, Teacher, padded_step_terms, step_terms
+from eagle3_assets.drafter.training.teacher import TERMS, TargetIdCache, Teacher, padded_step_terms
 
 # Settings a resumed run may change: they decide when to stop and what to keep, not the weights so far.
 RESUMABLE_CHANGES = {"max_steps", "epochs", "checkpoint_every", "keep_checkpoints"}
@@ -41,8 +51,12 @@ class Trainer:
 
     def __init__(self, settings: TrainSettings, model: Eagle3Drafter, data, teacher: Teacher, out_dir: Path, *,
                  total_steps: int | None = None, compute_dtype: torch.dtype = torch.float32,
-                 vocab_hash: str | None = None, progress: bool = True, packed: bool = True):
+                 vocab_hash: str | None = None, progress: bool = True, packed: bool = True,
+                 memory: StepMemory | None = None):
         self.settings, self.model, self.data, self.teacher = settings, model, data, teacher
+        self.memory = memory or StepMemory()
+        if not packed and (self.memory.micro_batch_tokens or self.memory.checkpoint or self.memory.loss_chunk_rows):
+            raise ValueError("micro-batches, activation checkpointing and loss chunks need the packed batch (packed: true)")
         self.out_dir = Path(out_dir)
         self.total_steps = total_steps or settings.total_steps(len(data))
         self.compute_dtype, self.vocab_hash, self.progress, self.packed = compute_dtype, vocab_hash, progress, packed
@@ -53,6 +67,7 @@ class Trainer:
         self.optimizer = Optimizers(settings, model, self.total_steps)
         self.step, self.epoch, self.batch_in_epoch, self.metrics = 0, 0, 0, []
         self.net = model
+        self._noise: torch.Generator | None = None  # this step's feature-noise stream (``noisy``)
 
     # -- state ----------------------------------------------------------------------------
 
@@ -142,23 +157,45 @@ class Trainer:
 
         The draws come from a generator keyed by (seed, step, rank), not from the global stream:
         a run resumed from a checkpoint (or relaunched by a scheduler) draws exactly what the
-        uninterrupted run drew, whatever else touched the global generator in between."""
+        uninterrupted one drew, whatever else touched the global generator in between. The
+        micro-batches of a step draw one after the other from the step's one generator, which
+        on a CPU gives each token the noise of the unsplit batch (its generator is serial)."""
         a = self.settings.feature_noise * aux.pow(2).mean(-1, keepdim=True).sqrt()
-        key = (self.settings.seed * 1_000_003 + self.step) * 1_009 + self.rank
-        g = torch.Generator(device=aux.device).manual_seed(key % (1 << 63))
-        u = torch.rand(aux.shape, generator=g, device=aux.device, dtype=torch.float32).to(aux.dtype)
+        if self._noise is None:
+            key = (self.settings.seed * 1_000_003 + self.step) * 1_009 + self.rank
+            self._noise = torch.Generator(device=aux.device).manual_seed(key % (1 << 63))
+        u = torch.rand(aux.shape, generator=self._noise, device=aux.device, dtype=torch.float32).to(aux.dtype)
         return aux + (u * 2 - 1) * a
 
-    def objective(self, sums: dict, n: torch.Tensor, alpha_mean: float) -> torch.Tensor:
-        """The recipe's loss for one TTT step from its summed terms over ``n`` global positions."""
+    def objective(self, sums: dict, n, alpha_mean) -> torch.Tensor:
+        """The recipe's loss for one TTT step from its summed terms over ``n`` global positions
+        (``alpha_mean`` a float or a 0-d tensor: the lk weight is read on the device, no sync)."""
         kind = self.settings.loss
         if kind == "lk":  # LK: lambda from the batch's acceptance rate, never differentiated
-            lam = math.exp(-self.settings.lk_eta * alpha_mean)
+            lam = (torch.exp(-self.settings.lk_eta * alpha_mean) if torch.is_tensor(alpha_mean)
+                   else math.exp(-self.settings.lk_eta * alpha_mean))
+            if torch.is_tensor(lam):
+                lam = lam.to(sums["kl"].dtype) if torch.is_tensor(sums["kl"]) else float(lam)
             return (lam * sums["kl"] + (1 - lam) * sums["tv"]) / n
         return sums[kind] / n
 
-    def step_sums(self, batch: dict) -> list[dict]:
-        """Forward pass and the summed loss terms of every TTT step on this rank's batch."""
+    def stage(self, batch: dict) -> tuple[PackedBatch, torch.Tensor]:
+        """A packed batch whose counted rows are known (they need the target's argmax), and its
+        target ids on the teacher rows: everything before the forward, without gradients."""
+        packed = PackedBatch(batch, self.settings.ttt_steps)  # no work on padding; the teacher only where it is read
+        target_ids = self.target_ids(batch.get("keys"), packed)
+        in_draft = torch.zeros(packed.n, dtype=torch.bool, device=self.device)
+        in_draft[packed.teacher_rows] = self.teacher.t2d[target_ids]
+        packed.count(in_draft)
+        return packed, target_ids
+
+    def step_sums(self, batch: dict, staged: tuple | None = None) -> list[dict]:
+        """Forward pass and the summed loss terms of every TTT step on ``batch``, drawing this
+        step's feature noise afresh (``train_step`` uses ``_sums``, whose micro-batches share it)."""
+        self._noise = None
+        return self._sums(batch, staged)
+
+    def _sums(self, batch: dict, staged: tuple | None = None) -> list[dict]:
         s = self.settings
         need = ("kl", "tv") if s.loss == "lk" else (s.loss,)
         if not self.packed:  # the padded batch as it is (the yardstick)
@@ -167,44 +204,85 @@ class Trainer:
             with self._autocast():
                 logits = self.net(batch["input_ids"], aux, batch["attention_mask"], ttt_steps=s.ttt_steps)
             return padded_step_terms(logits, batch, teacher_out, self.model.d2t, need)
-        packed = PackedBatch(batch, s.ttt_steps)  # no work on padding; the teacher only where it is read
-        target_ids = self.target_ids(batch.get("keys"), packed)
-        teacher_out = self.teacher(packed.last_hidden[packed.teacher_rows][None], target_ids[None])
-        in_draft = torch.zeros(packed.n, dtype=torch.bool, device=self.device)
-        in_draft[packed.teacher_rows] = teacher_out[2][0]
-        packed.count(in_draft)
+        packed, target_ids = staged or self.stage(batch)
+        teacher_logits = self.teacher.draft_logits(packed.last_hidden[packed.teacher_rows])
         aux = self.noisy(packed.aux_hidden) if s.feature_noise > 0 else packed.aux_hidden
         with self._autocast():
-            logits = self.net(packed.input_ids, aux, ttt_steps=s.ttt_steps, packed=packed)
-        return step_terms(logits, packed, teacher_out, self.model.d2t, need)
+            hiddens = self.net(packed.input_ids, aux, ttt_steps=s.ttt_steps, packed=packed,
+                               checkpoint=self.memory.checkpoint, hidden_only=True)
+            return chunked_step_terms(self.model.logits, hiddens, packed, teacher_logits, target_ids, self.model.d2t,
+                                      need, chunk_rows=self.memory.loss_chunk_rows)
 
-    def train_step(self, batch: dict) -> dict:
+    def weighted_loss(self, terms: list[dict], n: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+        decay = self.settings.step_loss_decay
+        # DDP averages gradients over ranks; the global normaliser already counts them all
+        return sum((decay ** i) * self.objective(t, n[i], alpha[i]) for i, t in enumerate(terms)) * self.world
+
+    def _sync_context(self, last: bool):
+        return self.net.no_sync() if self.net is not self.model and not last else contextlib.nullcontext()
+
+    def train_step(self, batch: dict | list[dict]) -> dict:
+        """One optimizer step on this rank's batch, or on its micro-batches (a list) in turn."""
         s = self.settings
-        terms = self.step_sums(batch)
-        # One all-reduce gives every rank the global counts (for the loss) and sums (for logs).
-        stats = torch.stack([torch.stack([t[k].detach() for k in TERMS]) for t in terms])  # [S, len(TERMS)]
-        tokens = batch["attention_mask"].sum().to(stats.dtype)
-        stats = all_reduce_sum(torch.cat([stats.reshape(-1), tokens.reshape(1)]))
-        tokens = int(stats[-1])
-        stats = stats[:-1].view(len(terms), len(TERMS))
-        col = {k: stats[:, i] for i, k in enumerate(TERMS)}
-        n = col["positions"].clamp(min=1.0)
-        alpha = (1.0 - col["tv"] / n).tolist()
-        loss = sum((s.step_loss_decay ** i) * self.objective(t, n[i], alpha[i]) for i, t in enumerate(terms)) \
-            * self.world  # DDP averages gradients over ranks; the global normaliser already counts them all
+        parts = batch if isinstance(batch, list) else [batch]
+        tokens = sum(p["attention_mask"].sum() for p in parts).to(torch.float32)
         self.optimizer.zero_grad()
-        loss.backward()
+        self._noise = None
+        if len(parts) == 1:  # forward, then the global counts (and the batch's alpha for lk), then backward
+            terms = self._sums(parts[0])
+            stats = torch.stack([torch.stack([t[k].detach() for k in TERMS]) for t in terms])  # [S, len(TERMS)]
+            stats = all_reduce_sum(torch.cat([stats.reshape(-1), tokens.reshape(1)]))
+            tokens, stats = stats[-1], stats[:-1].view(len(terms), len(TERMS))
+            n, alpha = self._normaliser(stats)
+            self.weighted_loss(terms, n, alpha).backward()
+        else:  # the counts are known before any forward: each micro-batch's backward frees its activations
+            staged = [self.stage(p) for p in parts]
+            counts = torch.tensor([[float(st[0].logit_rows[i].numel()) for i in range(s.ttt_steps)] for st in staged],
+                                  device=self.device).sum(0)
+            counts = all_reduce_sum(torch.cat([counts, tokens.to(self.device).reshape(1)]))
+            tokens, n = counts[-1], counts[:-1].clamp(min=1.0)
+            alpha = self._prepass_alpha(parts, staged, n) if s.loss == "lk" else torch.ones_like(n)
+            self._noise = None  # the pass with gradients draws the prepass's noise again
+            stats = torch.zeros(s.ttt_steps, len(TERMS), device=self.device)
+            for i, (part, st) in enumerate(zip(parts, staged)):
+                with self._sync_context(i == len(parts) - 1):
+                    terms = self._sums(part, st)
+                    self.weighted_loss(terms, n, alpha).backward()
+                stats += torch.stack([torch.stack([t[k].detach() for k in TERMS]) for t in terms])
+                del terms
+            stats = all_reduce_sum(stats)
+            n, alpha = self._normaliser(stats)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.grad_clip) if s.grad_clip > 0 else \
             torch.norm(torch.stack([p.grad.norm() for p in self.params if p.grad is not None]))
         lr = self.optimizer.lr
         self.optimizer.step()
-        loss_per_step = [float(self.objective({k: col[k][i] for k in TERMS}, n[i], alpha[i])) for i in range(len(terms))]
+        # one device-to-host copy for every figure of the step (each float() would wait for the device)
+        figures = torch.cat([stats.reshape(-1).double(), n.double(), alpha.double(),
+                             grad_norm.detach().double().reshape(1), tokens.double().reshape(1).to(stats.device)]).tolist()
+        k = len(TERMS) * len(n)
+        rows = [figures[i * len(TERMS):(i + 1) * len(TERMS)] for i in range(len(n))]
+        n_l, alpha_l = figures[k:k + len(n)], figures[k + len(n):k + 2 * len(n)]
+        col = {key: torch.tensor([r[j] for r in rows], dtype=torch.float32) for j, key in enumerate(TERMS)}
+        loss_per_step = [float(self.objective({key: col[key][i] for key in TERMS}, n_l[i], alpha_l[i]))
+                         for i in range(len(n_l))]
         return {
-            "step": self.step + 1, "epoch": self.epoch, "lr": lr, "grad_norm": float(grad_norm),
+            "step": self.step + 1, "epoch": self.epoch, "lr": lr, "grad_norm": figures[-2],
             "loss": sum((s.step_loss_decay ** i) * v for i, v in enumerate(loss_per_step)),
-            "loss_per_step": loss_per_step, "acc_per_step": (col["agree"] / n).tolist(),
-            "alpha_per_step": alpha, "positions": col["positions"].tolist(), "tokens": tokens,
+            "loss_per_step": loss_per_step, "acc_per_step": [float(col["agree"][i] / n_l[i]) for i in range(len(n_l))],
+            "alpha_per_step": alpha_l, "positions": [float(x) for x in col["positions"]], "tokens": int(figures[-1]),
         }
+
+    def _normaliser(self, stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Global positions per TTT step (at least 1) and the acceptance rate alpha = 1 - TV / n."""
+        n = stats[:, TERMS.index("positions")].clamp(min=1.0)
+        return n, (1.0 - stats[:, TERMS.index("tv")] / n).double()  # float32 as before; double for exp
+
+    @torch.no_grad()
+    def _prepass_alpha(self, parts: list[dict], staged: list, n: torch.Tensor) -> torch.Tensor:
+        """lk over micro-batches: the global batch's alpha, which weighs its loss, from a forward
+        without gradients (one extra forward per step; one micro-batch needs none)."""
+        tv = sum(torch.stack([t["tv"] for t in self._sums(p, st)]) for p, st in zip(parts, staged))
+        return (1.0 - all_reduce_sum(tv.reshape(-1)) / n).double()
 
     # -- the run --------------------------------------------------------------------------
 
@@ -236,7 +314,8 @@ class Trainer:
             batch = next(stream, None)
             if batch is None:
                 break  # no data to train on
-            batch = self.prepare(batch)
+            parts = split_batch(batch, self.memory.micro_batch_tokens)
+            batch = [self.prepare(p) for p in parts] if len(parts) > 1 else self.prepare(parts[0])
             t1 = time.perf_counter()
             m = self.train_step(batch)
             self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1

@@ -48,8 +48,13 @@ class Teacher:
         ``target_ids`` when the argmax is known already (``TargetIdCache``)."""
         if target_ids is None:
             target_ids = self.target_ids(last_hidden)
-        logits = last_hidden.to(self.draft_head.dtype) @ self.draft_head.T
-        return logits.float().softmax(-1), target_ids, self.t2d[target_ids]
+        return self.draft_logits(last_hidden).float().softmax(-1), target_ids, self.t2d[target_ids]
+
+    @torch.no_grad()
+    def draft_logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """The target's logits over the draft vocabulary [..., N], in the teacher's dtype (the
+        trainer softmaxes them chunk by chunk, so no [tokens, N] float32 block is held)."""
+        return last_hidden.to(self.draft_head.dtype) @ self.draft_head.T
 
 
 class TargetIdCache:

@@ -1,0 +1,317 @@
+"""How a training step is laid out in memory: micro-batches, recomputation, loss chunks.
+
+``StepMemory`` is what the trainer runs with; ``split_batch`` cuts a rank's batch into
+micro-batches of at most ``micro_batch_tokens`` real tokens (consecutive samples, each cut to
+its own longest row), so a batch of long agentic replies never holds more tokens at once than
+the plan allows, whatever its sequence count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """The trainer's memory layout; the defaults are the plain step (one pass, nothing recomputed)."""
+
+    micro_batch_tokens: int = 0  # 0: the rank's whole batch in one forward and backward
+    checkpoint: bool = False  # recompute each TTT step's layer in backward
+    loss_chunk_rows: int = 0  # 0: the head and softmaxes over all counted rows at once
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def split_batch(batch: dict, micro_batch_tokens: int) -> list[dict]:
+    """``batch`` (right-padded, on the host) as micro-batches of consecutive samples holding at
+    most ``micro_batch_tokens`` real tokens each (a longer sample goes alone); one part when 0."""
+    if micro_batch_tokens <= 0:
+        return [batch]
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    groups, current, held = [], [], 0
+    for i, n in enumerate(lengths):
+        if current and held + n > micro_batch_tokens:
+            groups.append(current)
+            current, held = [], 0
+        current.append(i)
+        held += n
+    if current:
+        groups.append(current)
+    if len(groups) == 1:
+        return [batch]
+    parts = []
+    for rows in groups:
+        a, b = rows[0], rows[-1] + 1
+        width = max(1, max(lengths[a:b]))
+        part = {k: v[a:b, :width] for k, v in batch.items() if torch.is_tensor(v)}
+        if "keys" in batch:
+            part["keys"] = batch["keys"][a:b]
+        parts.append(part)
+    return parts
+
+
+# ----------------------------------------------------------------------------- the estimate
+#
+# Bytes autograd keeps for backward, per real token and TTT step, read off the step's code
+# (drafter/model.py, drafter/mla.py, drafter/contexts.py, drafter/packing.py, training/loss.py).
+# ``c`` is the compute dtype's size (4: float32; 2: bf16 autocast, where each linear keeps a bf16
+# copy of its input and each RMSNorm a float32 copy of its own); ``s`` is the TTT step.
+
+
+def attention_kernel(cfg, device_type: str) -> str:
+    """Which SDPA kernel PyTorch picks for the drafter's attention: "math" (the scores kept per
+    head: a CPU with MLA's unequal q/k and v head sizes, which its flash kernel refuses) or
+    "fused" (flash on CPU; memory-efficient or cuDNN on a GPU: the scores never stored)."""
+    if device_type == "cpu" and cfg.attention == "mla":
+        m = cfg.mla
+        if m["qk_nope_head_dim"] + m["qk_rope_head_dim"] != m["v_head_dim"]:
+            return "math"
+    return "fused"
+
+
+def _attention_bytes(cfg, s: int, c: int, kernel: str) -> int:
+    """What one step's attention keeps per token, linear in tokens: queries, the keys and values
+    of steps 0..s side by side, the output (per sample, and re-laid for o_proj), softmax
+    statistics; the math kernel keeps scaled copies of q and k instead (its scores are in
+    ``_attention_square_bytes``)."""
+    heads = cfg.num_attention_heads
+    if cfg.attention == "mla":
+        m = cfg.mla
+        qk, vd = heads * (m["qk_nope_head_dim"] + m["qk_rope_head_dim"]), heads * m["v_head_dim"]
+        kvb = heads * (m["qk_nope_head_dim"] + m["v_head_dim"])
+        qa, kvr, rope = m["q_lora_rank"] or 0, m["kv_lora_rank"], m["qk_rope_head_dim"]
+        # q_a norm (input, normalised, q_b's input) and kv_a norm (its input is a view of the latent + rope key)
+        lora = (3 * qa + (kvr + rope) + 2 * kvr) * c if c == 4 else (qa + kvr) * (4 + 2 + 2)
+        values = kvb * c if s == 0 else (s + 1) * vd * c  # step 0's values view the kv_b output
+        if kernel == "math":  # float32 whatever the compute dtype: scaled q and k, the values per sample
+            return lora + (s + 2) * qk * 4 + (kvb * c if s == 0 and c == 4 else (s + 1) * vd * 4) + vd * c + 2 * rope * c
+        keys = qk * c if s == 0 else (s + 1) * qk * c
+        return lora + qk * c + keys + values + 2 * vd * c + heads * 4 + 2 * rope * c
+    q = heads * cfg.head_dim
+    return (2 * s + 5) * q * c + heads * 4 + 2 * cfg.head_dim * c
+
+
+def _attention_square_bytes(cfg, s: int, c: int, kernel: str) -> int:
+    """Per (token x sample length) of one step: the math kernel's scores (heads x (s+1) keys);
+    the fused kernels' additive mask made from the boolean TTT mask ((s+1) keys, steps >= 1),
+    plus the boolean mask itself, cached per sample length."""
+    if kernel == "math":
+        return cfg.num_attention_heads * (s + 1) * 4
+    return (s + 1) * c if s else 0
+
+
+def _mask_cache_bytes(s: int) -> int:
+    """The boolean TTT mask of step s per (token x sample length), cached while the step runs."""
+    return s + 1 if s else 0
+
+
+def _layer_bytes(cfg, s: int, c: int, kernel: str = "fused", e: int = 4) -> int:
+    """One TTT step's decoder layer per token (fp32: 9 H-wide tensors; bf16: 3 float32 norm
+    inputs, the norms' outputs in their input's dtype (the embedding's is ``e`` bytes), the
+    bf16 inputs of q/k/v (2H) and of the MLP), the MLP's 4 I-wide tensors."""
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    hidden = 9 * h * c if c == 4 else 3 * h * 4 + (e + 2 + 2) * h + 2 * h * 2 + h * 2
+    return hidden + 4 * i * c + 3 * 4 + _attention_bytes(cfg, s, c, kernel)
+
+
+def _kept_keys_bytes(cfg, c: int) -> int:
+    """Under recomputation, what each step keeps for the later steps' attention: its keys and
+    values (for MLA, the kv_b output the values view)."""
+    heads = cfg.num_attention_heads
+    if cfg.attention == "mla":
+        m = cfg.mla
+        return heads * (m["qk_nope_head_dim"] + m["qk_rope_head_dim"]) * c + heads * (m["qk_nope_head_dim"] + m["v_head_dim"]) * c
+    return 2 * heads * cfg.head_dim * c
+
+
+def _loss_row_bytes(cfg, c: int, chunked: bool) -> int:
+    """Per counted row and step: the gathered hidden row, its norm, the head's input, the draft
+    log-softmax and the teacher's probabilities (float32); chunked, only the gathered row."""
+    h, n = cfg.hidden_size, cfg.draft_vocab_size
+    if chunked:
+        return h * c
+    return (3 * h * 4 if c == 4 else h * (2 + 4 + 2)) + 2 * n * 4
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What the estimate needs of a micro-batch: its real tokens and the longest sample."""
+
+    tokens: int
+    longest: int
+    counted_share: float = 1.0  # rows a TTT step counts / tokens (loss mask x draft vocabulary)
+    square: int | None = None  # sum of squared sample lengths (None: tokens x longest, the most it can be)
+
+    @property
+    def sum_sq(self) -> int:
+        return self.tokens * self.longest if self.square is None else self.square
+
+
+def activation_bytes(cfg, batch: BatchShape, ttt_steps: int, c: int, memory: StepMemory,
+                     kernel: str = "fused", e: int = 4) -> dict[str, int]:
+    """Bytes held through one micro-batch's backward, by part: ``saved`` (autograd's saved
+    tensors at the end of the forward), ``mask_cache`` (the boolean TTT masks, alive meanwhile),
+    ``recompute`` (one step's layer rebuilt in backward, under checkpointing) and ``loss_chunk``
+    (one chunk's float32 blocks)."""
+    t, rows = batch.tokens, batch.tokens * batch.counted_share
+    h = cfg.hidden_size
+    fc_in = 3 * cfg.target_hidden_size * c
+    chunked = memory.loss_chunk_rows > 0
+    loss = sum(rows * _loss_row_bytes(cfg, c, chunked) for _ in range(ttt_steps))
+    if memory.checkpoint:
+        layer = t * ttt_steps * (h * c + _kept_keys_bytes(cfg, c))
+        recompute = max(t * _layer_bytes(cfg, s, c, kernel, e) + batch.sum_sq * _attention_square_bytes(cfg, s, c, kernel)
+                        for s in range(ttt_steps))
+        masks = 0
+    else:
+        layer = t * sum(_layer_bytes(cfg, s, c, kernel, e) for s in range(ttt_steps))
+        masks = batch.sum_sq * sum(_attention_square_bytes(cfg, s, c, kernel) for s in range(ttt_steps))
+        recompute = 0
+    mask_cache = batch.sum_sq * sum(_mask_cache_bytes(s) for s in range(ttt_steps))
+    chunk = 0
+    if chunked:
+        chunk = min(memory.loss_chunk_rows, int(rows)) * (_loss_row_bytes(cfg, c, False) + 2 * cfg.draft_vocab_size * 4)
+    return {"saved": int(t * fc_in + layer + loss + masks), "mask_cache": int(mask_cache), "recompute": int(recompute),
+            "loss_chunk": int(chunk)}
+
+
+# ----------------------------------------------------------------------------- the step's peak
+
+GiB = 1 << 30
+LOSS_CHUNK_ROWS = 4096  # the chunk the plan uses when the loss must be chunked: [4096, N] float32 blocks
+ID_CACHE_BYTES = 4 << 26  # TargetIdCache's most: 2^26 int32 ids on the device
+
+
+def parameter_counts(cfg) -> tuple[int, int]:
+    """(trainable, frozen embedding) parameter counts of the drafter, from its shape alone."""
+    from eagle3_assets.drafter.model import Eagle3Drafter
+
+    with torch.device("meta"):
+        model = Eagle3Drafter(cfg)
+    trainable = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("embed_tokens."))
+    return trainable, model.embed_tokens.weight.numel()
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    parts: dict  # name -> bytes
+    memory: StepMemory
+    capacity: int | None = None  # bytes the plan may use on the device (None: unknown)
+
+    @property
+    def peak(self) -> int:
+        return sum(self.parts.values())
+
+    def fits(self) -> bool:
+        return self.capacity is None or self.peak <= self.capacity
+
+    def describe(self) -> str:
+        layout = (f"micro-batches of {self.memory.micro_batch_tokens:,} tokens" if self.memory.micro_batch_tokens
+                  else "the whole batch at once")
+        layout += f", loss in chunks of {self.memory.loss_chunk_rows:,} rows" if self.memory.loss_chunk_rows else ""
+        layout += ", each TTT step recomputed in backward" if self.memory.checkpoint else ""
+        cap = f" of {self.capacity / GiB:.1f} GiB usable" if self.capacity else ""
+        return f"estimated peak {self.peak / GiB:.1f} GiB per device{cap} ({layout})"
+
+
+def estimate_step(cfg, *, ttt_steps: int, rank_sequences: int, max_length: int, memory: StepMemory,
+                  compute_bytes: int, device_type: str = "cuda", optimizer: str = "adamw", world_size: int = 1,
+                  counted_share: float = 1.0, capacity: int | None = None) -> MemoryEstimate:
+    """The peak bytes one rank holds during a training step whose batch is ``rank_sequences``
+    samples of ``max_length`` tokens (the worst case a batch of long replies can reach).
+
+    Static: float32 master weights, their gradients and the optimizer's state (AdamW 2 per
+    weight; Muon 1 on its matrices), DDP's gradient buckets, the frozen embedding, the teacher's
+    full and draft heads in the compute dtype, the id cache, and under bf16 autocast the bf16
+    copies of the weights autograd keeps. Per micro-batch: the batch on the device, its packed
+    copies, the teacher's draft logits, the activations (``activation_bytes``) and, for the
+    backward, one more step's layer as its working set."""
+    c = compute_bytes
+    e = c  # the trainer holds the frozen embedding in the compute dtype
+    trainable, embedding = parameter_counts(cfg)
+    h, n = cfg.hidden_size, cfg.draft_vocab_size
+    state = 8 if optimizer == "adamw" else 6  # muon: momentum on most weights, AdamW pairs on the head and norms
+    tokens = rank_sequences * max_length
+    micro = memory.micro_batch_tokens or tokens
+    micro_sequences = max(1, micro // max_length)
+    shape = BatchShape(tokens=min(micro, tokens), longest=max_length, counted_share=counted_share)
+    acts = activation_bytes(cfg, shape, ttt_steps, c, memory, attention_kernel(cfg, device_type), e)
+    kernel = attention_kernel(cfg, device_type)
+    parts = {
+        "weights": 4 * trainable, "gradients": 4 * trainable, "optimizer": state * trainable,
+        "ddp_buckets": 4 * trainable if world_size > 1 else 0,
+        "autocast_weights": 2 * trainable if c == 2 else 0,
+        "embedding": e * embedding,
+        "teacher_heads": c * (cfg.vocab_size + n) * h,
+        "id_cache": ID_CACHE_BYTES if device_type == "cuda" else 0,
+        "batch": tokens * 4 * cfg.target_hidden_size * c,
+        "packed_copies": min(micro, tokens) * 4 * cfg.target_hidden_size * c,
+        "teacher_logits": int(min(micro, tokens) * counted_share * n * c),
+        **{f"activations_{k}": v for k, v in acts.items()},
+        "backward_workset": min(micro, tokens) * max(_layer_bytes(cfg, s, c, kernel, e) for s in range(ttt_steps)),
+    }
+    del micro_sequences
+    return MemoryEstimate(parts, memory, capacity)
+
+
+def plan_step(cfg, *, capacity: int, ttt_steps: int, rank_sequences: int, max_length: int, compute_bytes: int,
+              device_type: str = "cuda", optimizer: str = "adamw", world_size: int = 1,
+              fixed: StepMemory | None = None) -> MemoryEstimate:
+    """The cheapest layout that fits ``capacity`` bytes: the whole batch; else the loss in
+    chunks with the largest micro-batch (whole sequences) that fits; else the same with each
+    TTT step recomputed. ``fixed`` (a layout the user set) is estimated as it is. The result
+    may not fit: the caller refuses it, naming the settings."""
+    kw = dict(ttt_steps=ttt_steps, rank_sequences=rank_sequences, max_length=max_length, compute_bytes=compute_bytes,
+              device_type=device_type, optimizer=optimizer, world_size=world_size, capacity=capacity)
+    if fixed is not None:
+        return estimate_step(cfg, memory=fixed, **kw)
+    whole = rank_sequences * max_length
+    candidates = [StepMemory()]
+    sizes = sorted({max_length * k for k in range(1, rank_sequences + 1)}, reverse=True)
+    for checkpoint in (False, True):
+        candidates += [StepMemory(0 if size >= whole else size, checkpoint, LOSS_CHUNK_ROWS) for size in sizes]
+    last = None
+    for memory in candidates:
+        last = estimate_step(cfg, memory=memory, **kw)
+        if last.fits():
+            return last
+    return last
+
+
+def refusal(estimate: MemoryEstimate, *, max_length: int) -> str:
+    """What to change when even one sequence, recomputed, with the loss in chunks, does not fit."""
+    top = sorted(estimate.parts.items(), key=lambda kv: -kv[1])[:4]
+    where = ", ".join(f"{k} {v / GiB:.1f} GiB" for k, v in top)
+    return (f"the training step does not fit: {estimate.describe()}; largest parts: {where}. "
+            f"Lower 'max_length' (now {max_length:,}) in the recipe, or 'draft_vocab_size' / 'intermediate_size', "
+            "or train on a device with more memory (runtime 'memory_fraction' sets how much of it the plan may use)")
+
+
+def device_capacity(device: torch.device) -> int | None:
+    """Bytes of memory on a CUDA device (None elsewhere: a CPU's memory is shared with the rest)."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.get_device_properties(device).total_memory)
+
+
+def plan_for_run(cfg, training, runtime, device: torch.device, *, world_size: int, compute_bytes: int,
+                 capacity: int | None = None) -> MemoryEstimate:
+    """The layout a run trains with, from its settings (``TrainSettings``, ``RuntimeSettings``)
+    and its device: what the user set, else on a GPU the plan's cheapest layout that fits, else
+    (a CPU) the plain step. The estimate comes with it either way."""
+    capacity = capacity if capacity is not None else device_capacity(device)
+    usable = int(capacity * runtime.memory_fraction) if capacity else None
+    auto = runtime.micro_batch_tokens < 0 and runtime.activation_checkpointing == "auto" and runtime.loss_chunk_rows < 0
+    fixed = None
+    if not auto or usable is None:
+        fixed = StepMemory(micro_batch_tokens=max(0, runtime.micro_batch_tokens),
+                           checkpoint=runtime.activation_checkpointing == "on", loss_chunk_rows=max(0, runtime.loss_chunk_rows))
+    if fixed is not None and 0 < fixed.micro_batch_tokens < training.max_length:
+        raise ValueError(f"micro_batch_tokens {fixed.micro_batch_tokens:,} is below max_length {training.max_length:,}: "
+                         "a micro-batch holds whole samples")
+    return plan_step(cfg, capacity=usable, ttt_steps=training.ttt_steps, max_length=training.max_length,
+                     rank_sequences=max(1, training.batch_size // world_size), compute_bytes=compute_bytes,
+                     device_type=device.type, optimizer=training.optimizer, world_size=world_size, fixed=fixed)
