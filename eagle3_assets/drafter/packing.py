@@ -39,50 +39,81 @@ class PackedTTTContext(StepKeys):
             self._masks[key] = torch.cat([causal, *([diag] * (steps - 1))], dim=-1)
         return self._masks[key]
 
+    def groups(self) -> list[tuple[int, int, int]]:
+        """(start, samples, length) of each run of consecutive samples of one length: a run is one
+        batched attention call instead of one call per sample."""
+        out: list[tuple[int, int, int]] = []
+        for a, b in self.bounds:
+            if out and out[-1][2] == b - a and out[-1][0] + out[-1][1] * out[-1][2] == a:
+                out[-1] = (out[-1][0], out[-1][1] + 1, b - a)
+            else:
+                out.append((a, 1, b - a))
+        return out
+
     def attend(self, q, k, v, scale: float) -> torch.Tensor:
         steps, out = self.push(k, v), []
-        for a, b in self.bounds:
-            qs = q[:, :, a:b]
+        h = q.shape[1]
+
+        def runs(x, a, count, n):  # [1, h, count * n, d] -> [count, h, n, d] (a view)
+            return x[:, :, a:a + count * n].reshape(1, h, count, n, x.shape[-1]).transpose(1, 2)[0]
+
+        for a, count, n in self.groups():
+            qs = runs(q, a, count, n)
             if steps == 1:
-                out.append(F.scaled_dot_product_attention(qs, k[:, :, a:b], v[:, :, a:b], is_causal=True, scale=scale))
-                continue
-            ks = torch.cat([kk[:, :, a:b] for kk in self.keys], dim=2)
-            vs = torch.cat([vv[:, :, a:b] for vv in self.values], dim=2)
-            out.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=self._mask(b - a, steps, q.device),
-                                                      scale=scale))
+                o = F.scaled_dot_product_attention(qs, runs(k, a, count, n), runs(v, a, count, n), is_causal=True,
+                                                   scale=scale)
+            else:
+                ks = torch.cat([runs(kk, a, count, n) for kk in self.keys], dim=2)
+                vs = torch.cat([runs(vv, a, count, n) for vv in self.values], dim=2)
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=self._mask(n, steps, q.device), scale=scale)
+            out.append(o.transpose(0, 1).reshape(1, h, count * n, o.shape[-1]))
         return torch.cat(out, dim=2)
 
 
 class PackedBatch:
-    """The real tokens of a right-padded batch as one row, with what the drafter and loss need."""
+    """The real tokens of a right-padded batch as one row, with what the drafter and loss need.
+
+    Which rows are real, supervised or read by the teacher follows from the masks alone, so it is
+    worked out on the host (``host_attention_mask`` / ``host_loss_mask`` when the trainer kept
+    them, else the masks themselves) and moved over: on a GPU no step waits for the device to
+    learn the batch's layout. The ``*_host`` copies stay for the id cache and ``count``."""
 
     def __init__(self, batch: dict, ttt_steps: int):
-        valid = batch["attention_mask"].bool()
+        device = batch["attention_mask"].device
+        valid = batch.get("host_attention_mask", batch["attention_mask"]).cpu().bool()
+        loss_mask = batch.get("host_loss_mask", batch["loss_mask"]).cpu()
         lengths = valid.sum(-1).tolist()
-        device = valid.device
-        ends = torch.tensor(lengths, device=device).cumsum(0).tolist()
+        ends = torch.tensor(lengths).cumsum(0).tolist()
         self.bounds = [(e - n, e) for n, e in zip(lengths, ends) if n > 0]
         self.n = int(sum(lengths))
-        self.sample = torch.repeat_interleave(torch.arange(len(lengths), device=device),
-                                              torch.tensor(lengths, device=device))  # [N] sample of each row
-        starts = torch.tensor([e - n for n, e in zip(lengths, ends)], device=device)
-        self.positions = (torch.arange(self.n, device=device) - starts[self.sample])[None]  # [1, N]
-        self.input_ids = batch["input_ids"][valid][None]
-        self.aux_hidden = batch["aux_hidden"][valid][None]
-        self.last_hidden = batch["last_hidden"][valid]  # [N, H]
-        self.supervised = (batch["loss_mask"][valid] > 0)  # [N]
+        flat = torch.nonzero(valid.flatten()).flatten()  # the real positions of [B, T], row by row
+        self.sample_host = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # [N]
+        starts = torch.tensor([e - n for n, e in zip(lengths, ends)], dtype=torch.long)
+        positions = torch.arange(self.n) - starts[self.sample_host]
+        self.supervised_host = loss_mask.flatten()[flat] > 0  # [N]
         self.ttt_steps = ttt_steps
-        self.teacher_rows = torch.nonzero(self._same_sample(1) & self._ahead(self.supervised, 1)).flatten()
+        self.teacher_rows_host = torch.nonzero(self._same_sample(1, self.sample_host)
+                                               & self._ahead(self.supervised_host, 1)).flatten()
+        to = dict(device=device, non_blocking=True)
+        flat, self.sample = flat.to(**to), self.sample_host.to(**to)
+        self.positions = positions.to(**to)[None]  # [1, N]
+        self.supervised = self.supervised_host.to(**to)
+        self.teacher_rows = self.teacher_rows_host.to(**to)
+        self.input_ids = batch["input_ids"].reshape(-1).index_select(0, flat)[None]
+        self.aux_hidden = batch["aux_hidden"].reshape(-1, batch["aux_hidden"].shape[-1]).index_select(0, flat)[None]
+        self.last_hidden = batch["last_hidden"].reshape(-1, batch["last_hidden"].shape[-1]).index_select(0, flat)  # [N, H]
         self.logit_rows: list[torch.Tensor] = []
 
-    def _ahead(self, x: torch.Tensor, n: int, fill=False) -> torch.Tensor:
+    @staticmethod
+    def _ahead(x: torch.Tensor, n: int, fill=False) -> torch.Tensor:
         """x[r + n] at row r (``fill`` past the end); a sample boundary is the caller's to check."""
         if n >= x.shape[0]:
             return torch.full_like(x, fill)
         return torch.cat([x[n:], x.new_full((n, *x.shape[1:]), fill)])
 
-    def _same_sample(self, n: int) -> torch.Tensor:
-        return self._ahead(self.sample, n, fill=-1) == self.sample
+    def _same_sample(self, n: int, sample: torch.Tensor | None = None) -> torch.Tensor:
+        sample = self.sample if sample is None else sample
+        return self._ahead(sample, n, fill=-1) == sample
 
     def shift(self, ids: torch.Tensor, n: int) -> torch.Tensor:
         """[1, N] ids: the token n ahead in the same sample, 0 past its end (``shift_left`` per sample)."""
@@ -93,9 +124,13 @@ class PackedBatch:
 
     def count(self, in_draft: torch.Tensor) -> list[torch.Tensor]:
         """Set ``logit_rows``: per TTT step, the rows it counts given the target's argmax being in
-        the draft vocabulary at each row (``in_draft`` [N], defined on ``teacher_rows``)."""
+        the draft vocabulary at each row (``in_draft`` [N], defined on ``teacher_rows``). An
+        ``in_draft`` on the host is counted there (no wait on the device)."""
+        host = in_draft.device.type == "cpu"
+        sample, supervised = (self.sample_host, self.supervised_host) if host else (self.sample, self.supervised)
         self.logit_rows = []
         for s in range(self.ttt_steps):
-            ok = self._same_sample(s + 2) & self._ahead(self.supervised, s + 2) & self._ahead(in_draft, s + 1)
-            self.logit_rows.append(torch.nonzero(ok).flatten())
+            ok = self._same_sample(s + 2, sample) & self._ahead(supervised, s + 2) & self._ahead(in_draft, s + 1)
+            rows = torch.nonzero(ok).flatten()
+            self.logit_rows.append(rows.to(self.sample.device, non_blocking=True) if host else rows)
         return self.logit_rows

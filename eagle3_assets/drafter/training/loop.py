@@ -141,6 +141,8 @@ class Trainer:
                for k in ("input_ids", "loss_mask", "attention_mask", "aux_hidden", "last_hidden")}
         if "keys" in batch:
             out["keys"] = batch["keys"]
+        if self.device.type != "cpu":  # the layout of the batch, read without waiting on the device
+            out["host_attention_mask"], out["host_loss_mask"] = batch["attention_mask"], batch["loss_mask"]
         for k in ("aux_hidden", "last_hidden"):
             out[k] = out[k].to(self.compute_dtype)
         return out
@@ -181,13 +183,16 @@ class Trainer:
 
     def stage(self, batch: dict) -> tuple[PackedBatch, torch.Tensor]:
         """A packed batch whose counted rows are known (they need the target's argmax), and its
-        target ids on the teacher rows: everything before the forward, without gradients."""
+        target ids on the teacher rows: everything before the forward, without gradients. From
+        cached ids (every epoch after the first) nothing here waits on the device."""
         packed = PackedBatch(batch, self.settings.ttt_steps)  # no work on padding; the teacher only where it is read
         target_ids = self.target_ids(batch.get("keys"), packed)
-        in_draft = torch.zeros(packed.n, dtype=torch.bool, device=self.device)
-        in_draft[packed.teacher_rows] = self.teacher.t2d[target_ids]
+        t2d = self.teacher.t2d if target_ids.device == self.teacher.t2d.device else self.teacher.t2d_host
+        in_draft = torch.zeros(packed.n, dtype=torch.bool, device=target_ids.device)
+        in_draft[packed.teacher_rows if target_ids.device == packed.teacher_rows.device else packed.teacher_rows_host] = \
+            t2d[target_ids]
         packed.count(in_draft)
-        return packed, target_ids
+        return packed, target_ids.to(self.device, non_blocking=True)
 
     def step_sums(self, batch: dict, staged: tuple | None = None) -> list[dict]:
         """Forward pass and the summed loss terms of every TTT step on ``batch``, drawing this

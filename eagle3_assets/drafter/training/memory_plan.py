@@ -182,7 +182,6 @@ def activation_bytes(cfg, batch: BatchShape, ttt_steps: int, c: int, memory: Ste
 
 GiB = 1 << 30
 LOSS_CHUNK_ROWS = 4096  # the chunk the plan uses when the loss must be chunked: [4096, N] float32 blocks
-ID_CACHE_BYTES = 4 << 26  # TargetIdCache's most: 2^26 int32 ids on the device
 
 
 def parameter_counts(cfg) -> tuple[int, int]:
@@ -225,7 +224,7 @@ def estimate_step(cfg, *, ttt_steps: int, rank_sequences: int, max_length: int, 
 
     Static: float32 master weights, their gradients and the optimizer's state (AdamW 2 per
     weight; Muon 1 on its matrices), DDP's gradient buckets, the frozen embedding, the teacher's
-    full and draft heads in the compute dtype, the id cache, and under bf16 autocast the bf16
+    full and draft heads in the compute dtype, its argmax block, and under bf16 autocast the bf16
     copies of the weights autograd keeps. Per micro-batch: the batch on the device, its packed
     copies, the teacher's draft logits, the activations (``activation_bytes``) and, for the
     backward, one more step's layer as its working set."""
@@ -246,7 +245,7 @@ def estimate_step(cfg, *, ttt_steps: int, rank_sequences: int, max_length: int, 
         "autocast_weights": 2 * trainable if c == 2 else 0,
         "embedding": e * embedding,
         "teacher_heads": c * (cfg.vocab_size + n) * h,
-        "id_cache": ID_CACHE_BYTES if device_type == "cuda" else 0,
+        "teacher_argmax_chunk": (1 << 28) * c if device_type == "cuda" else (1 << 26) * c,
         "batch": tokens * 4 * cfg.target_hidden_size * c,
         "packed_copies": min(micro, tokens) * 4 * cfg.target_hidden_size * c,
         "teacher_logits": int(min(micro, tokens) * counted_share * n * c),

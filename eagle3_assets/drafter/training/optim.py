@@ -24,6 +24,8 @@ class Optimizers:
     def __init__(self, settings: TrainSettings, model: torch.nn.Module, total_steps: int):
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         adamw = dict(lr=settings.lr, betas=tuple(settings.betas), weight_decay=settings.weight_decay)
+        if all(p.is_cuda for _, p in named):
+            adamw["fused"] = True  # one kernel for every weight's update instead of a loop of small ones
         if settings.optimizer == "muon":
             muon = [p for n, p in named if _muon_param(n, p)]
             rest = [p for n, p in named if not _muon_param(n, p)]

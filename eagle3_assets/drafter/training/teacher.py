@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from eagle3_assets.drafter.model import shift_left
 from eagle3_assets.drafter.vocab_map import VocabMap
 
-LOGITS_PER_CHUNK = 1 << 26  # elements of one [tokens, V] argmax block (128 MiB in bf16)
+LOGITS_PER_CHUNK = 1 << 26  # elements of one [tokens, V] argmax block on a CPU (256 MiB in float32)
+LOGITS_PER_CHUNK_GPU = 1 << 28  # on a GPU (512 MiB in bf16): 1,638 rows of Kimi-K2.5's vocabulary a matmul
 TERMS = ("kl", "tv", "nla", "positions", "agree")  # per TTT step, summed over this rank's positions
 
 
@@ -31,7 +32,9 @@ class Teacher:
         self.head = lm_head.to(device=device, dtype=dtype)  # [V, H]
         self.draft_head = self.head[vmap.target_ids.to(self.head.device)].contiguous()  # [N, H]
         self.t2d = vmap.t2d.to(self.head.device)
-        self.chunk = max(1, LOGITS_PER_CHUNK // self.head.shape[0])
+        self.t2d_host = vmap.t2d.cpu()
+        per_chunk = LOGITS_PER_CHUNK_GPU if self.head.is_cuda else LOGITS_PER_CHUNK
+        self.chunk = max(1, per_chunk // self.head.shape[0])
 
     @torch.no_grad()
     def target_ids(self, last_hidden: torch.Tensor) -> torch.Tensor:
@@ -61,7 +64,9 @@ class TargetIdCache:
     """The target's full-vocabulary argmax at each sample's teacher rows, computed in the first
     epoch and reused after: the stored states never change, so neither does the argmax, and
     the [tokens, V] matmul behind it is a quarter of a CPU step for SmolLM2 (V = 49,152).
-    Holds int32 ids of at most ``max_tokens`` rows; samples past that are recomputed."""
+    Holds int32 ids of at most ``max_tokens`` rows on the host (256 MiB at most); samples past
+    that are recomputed. Ids come back on the host: from a cached batch the trainer learns which
+    rows count without waiting on the device."""
 
     def __init__(self, teacher: Teacher, max_tokens: int = 1 << 26):
         self.teacher, self.max_tokens = teacher, max_tokens
@@ -69,28 +74,30 @@ class TargetIdCache:
         self.tokens = 0
 
     def __call__(self, keys: list[str] | None, packed) -> torch.Tensor:
-        """Target ids [R] of ``packed.teacher_rows`` (a ``PackedBatch`` of the samples ``keys``)."""
-        rows = packed.teacher_rows
-        hidden = packed.last_hidden[rows]
+        """Target ids [R] of ``packed.teacher_rows`` (a ``PackedBatch`` of the samples ``keys``):
+        on the host when ``keys`` name the samples, else on the device."""
+        hidden = packed.last_hidden[packed.teacher_rows]
         if keys is None:
             return self.teacher.target_ids(hidden)
-        owner = packed.sample[rows]
-        out = torch.empty(rows.numel(), dtype=torch.long, device=rows.device)
+        owner = packed.sample_host[packed.teacher_rows_host]
+        ends = torch.bincount(owner, minlength=len(keys)).cumsum(0).tolist()  # rows of a sample are contiguous
+        out = torch.empty(owner.numel(), dtype=torch.int32)
         todo = []
         for b, key in enumerate(keys):
-            at = torch.nonzero(owner == b).flatten()
+            a, z = (ends[b - 1] if b else 0), ends[b]
             if key in self.store:
-                out[at] = self.store[key].to(out.device, torch.long)
-            elif at.numel():
-                todo.append((key, at))
+                out[a:z] = self.store[key]
+            elif z > a:
+                todo.append((key, a, z))
         if todo:
-            at = torch.cat([a for _, a in todo])
-            out[at] = self.teacher.target_ids(hidden[at])
-            for key, a in todo:
-                if self.tokens + a.numel() <= self.max_tokens:
-                    self.store[key] = out[a].to(torch.int32)
-                    self.tokens += a.numel()
-        return out
+            at = torch.cat([torch.arange(a, z) for _, a, z in todo])
+            fresh = self.teacher.target_ids(hidden[at.to(hidden.device)]).to("cpu", torch.int32)
+            out[at] = fresh
+            for key, a, z in todo:
+                if self.tokens + (z - a) <= self.max_tokens:
+                    self.store[key] = out[a:z].clone()
+                    self.tokens += z - a
+        return out.long()
 
 
 def position_terms(p: torch.Tensor, logits: torch.Tensor, need: tuple[str, ...]) -> dict[str, torch.Tensor]:
