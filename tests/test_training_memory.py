@@ -23,9 +23,11 @@ from eagle3_assets.drafter.training.memory_plan import (
     StepMemory,
     activation_bytes,
     attention_kernel,
+    autocast_weight_bytes,
     plan_for_run,
     plan_step,
     refusal,
+    saved_tensor_bytes,
     split_batch,
 )
 from eagle3_assets.drafter.training.teacher import Teacher
@@ -90,22 +92,13 @@ def test_split_batch_keeps_every_sample_once_under_the_limit():
 
 
 def saved_bytes(trainer, batch) -> tuple[int, list[int]]:
-    """Bytes of the storages autograd saves for backward in one forward (weights and buffers left
-    out: they are counted as weights), and the rows each TTT step counts."""
-    own = {t.untyped_storage().data_ptr() for t in [*trainer.model.parameters(), *trainer.model.buffers()]}
-    seen = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in own:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
+    """Bytes autograd saves in one forward (weights and buffers left out: they are counted as
+    weights), and the rows each TTT step counts."""
     batch = trainer.prepare(batch)
     staged = trainer.stage(batch)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        trainer.step_sums(batch, staged)
-    return sum(seen.values()), [int(r.numel()) for r in staged[0].logit_rows]
+    _, got = saved_tensor_bytes(lambda: trainer.step_sums(batch, staged),
+                                exclude=[*trainer.model.parameters(), *trainer.model.buffers()])
+    return got, [int(r.numel()) for r in staged[0].logit_rows]
 
 
 def shaped(h, i, heads, kv, n, mla=None):
@@ -142,7 +135,7 @@ def test_activation_estimate_against_the_bytes_autograd_saves(shape, dtype):
     est = activation_bytes(cfg, BatchShape(sum(lengths), max(lengths), share, sum(n * n for n in lengths)), 3, c,
                            StepMemory(), attention_kernel(cfg, "cpu"), e=4)["saved"]
     if c == 2:  # autocast's bf16 copies of the weights, kept for backward
-        est += 2 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+        est += autocast_weight_bytes(cfg)
     assert est == pytest.approx(got, rel=0.08), f"estimated {est:,} bytes, autograd saved {got:,}"
 
 

@@ -31,6 +31,38 @@ class DrafterTrainingConfig(dg.Config):
     resume: bool = True
     launcher: str = "local"  # "local" (this machine) or "slurm" (one job: torchrun under srun on every task)
     slurm: SlurmJobConfig = SlurmJobConfig()  # launcher slurm: this launch's job shape over the resource's
+    # The step's memory layout (docs/training.md#memory): -1 / "auto" lets the plan choose on a GPU
+    micro_batch_tokens: int = -1  # real tokens per forward/backward (0: the rank's whole batch)
+    activation_checkpointing: str = "auto"  # "auto", "on" or "off": recompute each TTT step's layer in backward
+    loss_chunk_rows: int = -1  # rows of the draft head and softmaxes at a time (0: all at once)
+    memory_fraction: float = 0.9  # of each GPU's memory the plan may fill
+    gpu_memory_gib: float = 0.0  # plan for GPUs of this size before launching (0: this machine's GPU, if any)
+
+
+def preflight_memory(recipe: str, job, target_config: dict, config: DrafterTrainingConfig):
+    """The step's memory estimate before any GPU is spent: for GPUs of ``gpu_memory_gib``, or this
+    machine's GPU; refuses a recipe that cannot fit, naming the setting. None on a CPU-only host
+    (each rank plans again on its own device when it starts)."""
+    import torch
+
+    from eagle3_assets.drafter.model import DrafterConfig
+    from eagle3_assets.drafter.training.job import MemoryPlanError
+    from eagle3_assets.drafter.training.memory_plan import plan_for_run, refusal
+
+    capacity = int(config.gpu_memory_gib * (1 << 30)) if config.gpu_memory_gib > 0 else None
+    if capacity is None and not torch.cuda.is_available():
+        return None
+    shape = job.shape
+    cfg = DrafterConfig.from_target(target_config, draft_vocab_size=shape.draft_vocab_size, aux_layer_ids=shape.aux_layer_ids,
+                                    intermediate_size=shape.intermediate_size, attention=shape.attention,
+                                    norm_before_fc=shape.norm_before_fc)
+    nodes = (config.slurm.nodes or 1) if config.launcher == "slurm" else 1  # unknown: fewer ranks, larger shares
+    ranks = config.nproc_per_node * nodes
+    plan = plan_for_run(cfg, job.training, job.runtime, torch.device("cuda", 0), world_size=max(1, ranks),
+                        compute_bytes=4 if config.dtype == "float32" else 2, capacity=capacity)
+    if not plan.fits():
+        raise MemoryPlanError(f"recipe {recipe}: {refusal(plan, max_length=job.training.max_length)}")
+    return plan
 
 
 def launch_training(context, config: DrafterTrainingConfig, slurm: SlurmResource, layout, recipe: str, job_path,
@@ -86,10 +118,16 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
         datasets={str(layout.hidden_states_dir(d)): float(w) for d, w in recipe.datasets.items()},
         training=recipe.training, shape=recipe.shape,
         runtime=RuntimeSettings(device=config.device, dtype=config.dtype, threads=config.threads,
-                                loader_workers=config.loader_workers, resume=config.resume),
+                                loader_workers=config.loader_workers, resume=config.resume,
+                                micro_batch_tokens=config.micro_batch_tokens,
+                                activation_checkpointing=config.activation_checkpointing,
+                                loss_chunk_rows=config.loss_chunk_rows, memory_fraction=config.memory_fraction),
         export=ExportSettings(speculative_k=recipe.evaluation.speculative_k, sglang="sglang" in recipe.shape.engines,
                               vllm="vllm" in recipe.shape.engines), pipes_asset_key="drafter_checkpoint",
     )
+    plan = preflight_memory(recipe.name, job, spec.config, config)
+    if plan is not None:
+        context.log.info(f"training {recipe.name}: memory plan: {plan.describe()}")
     job_path = job.write(out / "job.json")
     invocation = launch_training(context, config, slurm, layout, recipe.name, job_path, samples)
     pipes_meta = dict(invocation.metadata)
@@ -131,6 +169,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
             "target": f"{spec.name} (id {spec.identity['id']})",
             "attention": recipe.shape.attention,
             "serving_notes": "; ".join(notes) or "none",
+            "memory_layout": json.dumps(result.get("memory_layout")),
             "sglang_export": dg.MetadataValue.path(str(out / "sglang")),
             "vllm_export": dg.MetadataValue.path(str(out / "vllm")),
         }

@@ -184,14 +184,21 @@ GiB = 1 << 30
 LOSS_CHUNK_ROWS = 4096  # the chunk the plan uses when the loss must be chunked: [4096, N] float32 blocks
 
 
-def parameter_counts(cfg) -> tuple[int, int]:
-    """(trainable, frozen embedding) parameter counts of the drafter, from its shape alone."""
+def parameter_counts(cfg) -> tuple[int, int, int]:
+    """(trainable, frozen embedding, fc) parameter counts of the drafter, from its shape alone."""
     from eagle3_assets.drafter.model import Eagle3Drafter
 
     with torch.device("meta"):
         model = Eagle3Drafter(cfg)
     trainable = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("embed_tokens."))
-    return trainable, model.embed_tokens.weight.numel()
+    return trainable, model.embed_tokens.weight.numel(), model.fc.weight.numel()
+
+
+def autocast_weight_bytes(cfg) -> int:
+    """The bf16 weight copies autocast makes and autograd keeps: every matrix whose input needs a
+    gradient, so all but fc (it reads the target's features, which need none)."""
+    trainable, _, fc = parameter_counts(cfg)
+    return 2 * (trainable - fc)
 
 
 @dataclass(frozen=True)
@@ -230,7 +237,7 @@ def estimate_step(cfg, *, ttt_steps: int, rank_sequences: int, max_length: int, 
     backward, one more step's layer as its working set."""
     c = compute_bytes
     e = c  # the trainer holds the frozen embedding in the compute dtype
-    trainable, embedding = parameter_counts(cfg)
+    trainable, embedding, _ = parameter_counts(cfg)
     h, n = cfg.hidden_size, cfg.draft_vocab_size
     state = 8 if optimizer == "adamw" else 6  # muon: momentum on most weights, AdamW pairs on the head and norms
     tokens = rank_sequences * max_length
@@ -242,7 +249,7 @@ def estimate_step(cfg, *, ttt_steps: int, rank_sequences: int, max_length: int, 
     parts = {
         "weights": 4 * trainable, "gradients": 4 * trainable, "optimizer": state * trainable,
         "ddp_buckets": 4 * trainable if world_size > 1 else 0,
-        "autocast_weights": 2 * trainable if c == 2 else 0,
+        "autocast_weights": autocast_weight_bytes(cfg) if c == 2 else 0,
         "embedding": e * embedding,
         "teacher_heads": c * (cfg.vocab_size + n) * h,
         "teacher_argmax_chunk": (1 << 28) * c if device_type == "cuda" else (1 << 26) * c,
@@ -314,3 +321,21 @@ def plan_for_run(cfg, training, runtime, device: torch.device, *, world_size: in
     return plan_step(cfg, capacity=usable, ttt_steps=training.ttt_steps, max_length=training.max_length,
                      rank_sequences=max(1, training.batch_size // world_size), compute_bytes=compute_bytes,
                      device_type=device.type, optimizer=training.optimizer, world_size=world_size, fixed=fixed)
+
+
+def saved_tensor_bytes(fn, exclude: list[torch.Tensor] = ()) -> tuple[object, int]:
+    """Run ``fn()`` and count the bytes of the storages autograd saves for backward while it runs
+    (each storage once; those of ``exclude``, the weights, left out): the record the activation
+    estimate is checked against. Returns (``fn``'s result, bytes)."""
+    own = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in own:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(seen.values())
