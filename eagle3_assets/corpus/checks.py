@@ -11,7 +11,8 @@ from eagle3_assets.generation.admission import EXPECTED_OVERSHOOT_ALLOWANCE
 from eagle3_assets.generation.response_store import ResponseStore
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
-from eagle3_assets.querying import SAMPLE, query_rows
+from eagle3_assets.querying import SAMPLE, name_rows, query_rows
+from eagle3_assets.tokens.digest import verify_token_table
 from resources import DatasetSettings, StorageResource
 
 
@@ -59,38 +60,53 @@ def truncation_rate(context: dg.AssetCheckExecutionContext, storage: StorageReso
 
 
 @dg.asset_check(asset=merged_corpus, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
-                description="No duplicate samples, train/eval split disjoint by prompt, no empty assistant mask.")
+                description="No duplicate samples, train/eval split disjoint by prompt, no empty assistant mask; every "
+                            "row's ids and mask still match the digest token_ids wrote with them (rows named).")
 def corpus_integrity(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
-    path = str(storage.layout.corpus(context.partition_key))
     with storage.query() as con:
-        rows, train, eval_ = con.execute(
-            "SELECT count(*), count(*) FILTER (WHERE split = 'train'), count(*) FILTER (WHERE split = 'eval') "
-            "FROM read_parquet(?)", [path]).fetchone()
-        dups = query_rows(con, "SELECT sample_id, count(*) AS copies FROM read_parquet(?) GROUP BY sample_id "
-                          "HAVING count(*) > 1 LIMIT ?", [path, SAMPLE])
-        n_dups = con.execute("SELECT count(*) FROM (SELECT sample_id FROM read_parquet(?) GROUP BY sample_id "
-                             "HAVING count(*) > 1)", [path]).fetchone()[0]
-        leaks = query_rows(con, "SELECT prompt_id, list(DISTINCT split) AS splits FROM read_parquet(?) GROUP BY prompt_id "
-                           "HAVING count(DISTINCT split) > 1", [path])
-        empty = query_rows(con, "SELECT sample_id, source, len(input_ids) AS length FROM read_parquet(?) "
-                           "WHERE list_sum(loss_mask) = 0 OR len(loss_mask) <> len(input_ids)", [path])
+        return corpus_integrity_result(con, str(storage.layout.corpus(context.partition_key)))
+
+
+def corpus_integrity_result(con, path: str) -> dg.AssetCheckResult:
+    """The body of ``corpus_integrity`` (``con`` a DuckDB connection, ``path`` the corpus Parquet file)."""
+    rows, train, eval_ = con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE split = 'train'), count(*) FILTER (WHERE split = 'eval') "
+        "FROM read_parquet(?)", [path]).fetchone()
+    dups = query_rows(con, "SELECT sample_id, count(*) AS copies FROM read_parquet(?) GROUP BY sample_id "
+                      "HAVING count(*) > 1 LIMIT ?", [path, SAMPLE])
+    n_dups = con.execute("SELECT count(*) FROM (SELECT sample_id FROM read_parquet(?) GROUP BY sample_id "
+                         "HAVING count(*) > 1)", [path]).fetchone()[0]
+    leaks = query_rows(con, "SELECT prompt_id, list(DISTINCT split) AS splits FROM read_parquet(?) GROUP BY prompt_id "
+                       "HAVING count(DISTINCT split) > 1", [path])
+    empty = query_rows(con, "SELECT sample_id, source, len(input_ids) AS length FROM read_parquet(?) "
+                       "WHERE list_sum(loss_mask) = 0 OR len(loss_mask) <> len(input_ids)", [path])
+    digests = verify_token_table(path)
     problems = []
     if n_dups:
-        problems.append(f"{n_dups} duplicate sample ids")
+        problems.append(f"{n_dups} duplicate sample ids ({name_rows(dups, n_dups)})")
     if leaks:
-        problems.append(f"{len(leaks)} prompts appear in both train and eval")
+        problems.append(f"{len(leaks)} prompts appear in both train and eval ({name_rows(leaks)})")
     if empty:
-        problems.append(f"{len(empty)} rows with an empty or misaligned loss mask")
+        problems.append(f"{len(empty)} rows with an empty or misaligned loss mask ({name_rows(empty)})")
+    if digests.mismatched:
+        problems.append(f"{digests.mismatched} rows hold ids or a loss mask other than token_ids wrote "
+                        f"({digests.names()})")
     if rows == 0:
         problems.append("the corpus is empty")
     offending = [dict(r, problem="duplicate") for r in dups]
     offending += [dict(r, problem="split leak") for r in leaks[:SAMPLE]]
     offending += [dict(r, problem="empty mask") for r in empty[:SAMPLE]]
+    offending += [dict(r, problem="digest differs") for r in digests.first]
     return dg.AssetCheckResult(
         passed=not problems,
-        description="; ".join(problems) or f"{rows} unique samples, {train} train / {eval_} eval",
+        description="; ".join(problems) or f"{rows} unique samples, {train} train / {eval_} eval"
+        + (", every row matching its digest" if digests.has_digest else
+           "; no row digests in this corpus (written before rows carried them): edited ids cannot be detected"),
         metadata={"rows": rows, "train": train, "eval": eval_, "duplicates": n_dups,
-                  "split_leaks": len(leaks), "empty_masks": len(empty), "offending_rows": md_table(offending)},
+                  "split_leaks": len(leaks), "empty_masks": len(empty), "digest_mismatches": digests.mismatched,
+                  "digests": "checked" if digests.has_digest else "none in this corpus (written before rows carried "
+                                                                  "digests): edited ids cannot be detected",
+                  "offending_rows": md_table(offending)},
     )
 
 
