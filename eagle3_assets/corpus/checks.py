@@ -17,27 +17,37 @@ from resources import DatasetSettings, StorageResource
 
 
 @dg.asset_check(asset=inventory, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
-                description="Completion tokens of the dataset are within its budget (within 1% above it when "
-                            "its last generation ran with the `expected` budget policy).")
-def token_budget(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
+                description="Completion tokens of the dataset are within its budget as configured now (the "
+                            "dataset_settings resource, not the figure inventory recorded when it last ran), within 1% "
+                            "above it when its last generation ran with the `expected` budget policy; the description "
+                            "names the budget judged and where it came from.")
+def token_budget(context: dg.AssetCheckExecutionContext, storage: StorageResource,
+                 dataset_settings: DatasetSettings) -> dg.AssetCheckResult:
+    dataset = context.partition_key
     with storage.query() as con:
-        rows = query_rows(con, "SELECT source, completion_tokens, budget_tokens, budget_used, budget_remaining "
-                          "FROM meta.inventory WHERE dataset = ? ORDER BY source = 'all', source",
-                     [context.partition_key])
+        rows = query_rows(con, "SELECT source, completion_tokens, budget_tokens, budget_used, budget_remaining, "
+                          "updated_at FROM meta.inventory WHERE dataset = ? ORDER BY source = 'all', source", [dataset])
     total = next((r for r in rows if r["source"] == "all"), None)
     if total is None:
         return dg.AssetCheckResult(passed=False, description="no inventory row for this dataset")
-    last_run = ResponseStore(storage.layout.responses_dir(context.partition_key)).last_run() or {}
+    budget = dataset_settings.budget_for(dataset)
+    where = (f"dataset_settings.budget_tokens[{dataset!r}]" if dataset in dataset_settings.budget_tokens
+             else "dataset_settings.default_budget_tokens")
+    recorded = total["budget_tokens"]
+    last_run = ResponseStore(storage.layout.responses_dir(dataset)).last_run() or {}
     policy = last_run.get("budget_policy", "strict")
-    allowed = total["budget_tokens"] * (1 + (EXPECTED_OVERSHOOT_ALLOWANCE if policy == "expected" else 0.0))
-    ok = total["budget_used"] <= allowed
-    overshoot = max(0, total["budget_used"] - total["budget_tokens"])
+    allowed = budget * (1 + (EXPECTED_OVERSHOOT_ALLOWANCE if policy == "expected" else 0.0))
+    used = total["budget_used"]
+    overshoot = max(0, used - budget)
+    stale = (f"; inventory recorded a budget of {recorded:,} when it ran ({total['updated_at']}), the configured "
+             f"{budget:,} is the one judged" if recorded != budget else "")
     return dg.AssetCheckResult(
-        passed=ok,
-        description=f"{total['budget_used']:,} of {total['budget_tokens']:,} tokens used"
-                    + (f" ({overshoot / total['budget_tokens']:.2%} over, {policy} policy)" if overshoot else ""),
-        metadata={"budget_tokens": total["budget_tokens"], "budget_used": total["budget_used"],
-                  "budget_remaining": total["budget_remaining"], "budget_overshoot": overshoot,
+        passed=used <= allowed,
+        description=f"{used:,} of {budget:,} tokens used (budget from {where})"
+                    + (f" ({overshoot / budget:.2%} over, {policy} policy)" if overshoot and budget else
+                       f" (over a zero budget, {policy} policy)" if overshoot else "") + stale,
+        metadata={"budget_tokens": budget, "budget_source": where, "inventory_budget_tokens": recorded,
+                  "budget_used": used, "budget_remaining": budget - used, "budget_overshoot": overshoot,
                   "budget_policy": policy, "by_source": md_table(rows)},
     )
 
