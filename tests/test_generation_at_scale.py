@@ -105,7 +105,7 @@ def test_unanswered_prompts_warn_and_are_listed_with_their_reason(layout, env_ke
                              resources=default_resources(), partition_key="holes", raise_on_error=False)
         check = checks_by_name(inv)["responses_complete"]
         assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
-        assert "1 prompts without a response (http_400: 1)" in check.description
+        assert "1 prompts without a response (http_400: 1): q0" in check.description  # the prompt named, not only counted
         assert "q0" in check.metadata["prompts"].value
         assert inv.asset_materializations_for_node("inventory")[0].metadata["missing"].value == 1
         print_inventory(layout)

@@ -138,7 +138,8 @@ def responses_complete(context: dg.AssetCheckExecutionContext, storage: StorageR
     reasons = ", ".join(f"{r['reason']}: {r['prompts']}" for r in by_reason)
     return dg.AssetCheckResult(
         passed=n == 0, severity=dg.AssetCheckSeverity.WARN,
-        description=f"{n} prompts without a response ({reasons})" if n else "every prompt has a response",
+        description=f"{n} prompts without a response ({reasons}): {name_rows(sample, n)}" if n
+        else "every prompt has a response",
         metadata={"unanswered": n, "by_reason": md_table(by_reason), "prompts": md_table(sample)},
     )
 

@@ -48,3 +48,34 @@ def review_exports(drafter_dir: Path, engines) -> ExportReview:
         review.format_problems += [f"{engine} export: {p}" for p in CHECKERS[engine](export_dir)]
         review.layer_problems += [f"{engine} export: {p}" for p in export_layer_problems(export_dir, engine, review.layers)]
     return review
+
+
+def evaluated_export_dir(drafter_dir: Path) -> Path:
+    """The export the evaluator loads: the SGLang one, or the vLLM one when there is no other."""
+    drafter_dir = Path(drafter_dir)
+    return drafter_dir / ("sglang" if (drafter_dir / "sglang" / "config.json").exists() else "vllm")
+
+
+def export_fingerprint(drafter_dir: Path) -> dict:
+    """What ``eval.json`` records of the export it measured: which one and the sha256 of its files,
+    so the acceptance check can tell an evaluation of these files from one of files since replaced."""
+    from eagle3_assets.hidden_states.encoding import sha256_file
+
+    d = evaluated_export_dir(drafter_dir)
+    return {"export": d.name, **{name: sha256_file(d / name) for name in ("config.json", "model.safetensors")
+                                 if (d / name).exists()}}
+
+
+def evaluation_link_problems(ev: dict, drafter_dir: Path) -> tuple[list[str], str]:
+    """(problems, note): the export ``ev`` (eval.json) measured against the files there now. An
+    eval.json from before fingerprints gives a note, not a problem: it cannot be linked."""
+    recorded = ev.get("evaluated_export")
+    if not recorded:
+        return [], ("eval.json records no fingerprint of the export it measured (written before they were): "
+                    "its link to these files is not checked")
+    now = export_fingerprint(drafter_dir)
+    changed = sorted(k for k in {*recorded, *now} - {"export"} if recorded.get(k) != now.get(k))
+    if recorded.get("export") != now["export"] or changed:
+        return [f"eval.json measured other files than the {now['export']} export holds now "
+                f"({', '.join(changed) or 'another export'} changed since): re-materialize the drafter"], ""
+    return [], ""
