@@ -111,6 +111,7 @@ def test_unanswered_prompts_warn_and_are_listed_with_their_reason(layout, env_ke
         print_inventory(layout)
         out = capsys.readouterr().out
         assert "missing" in out and "billed $" in out
+        assert "'remaining' is the budget inventory recorded when it last ran" in " ".join(out.split())
         row = json.loads(ResponseStore(layout.responses_dir("holes")).errors_path.read_text().splitlines()[0])
         assert row["prompt_id"] == "q0" and row["reason"] == "http_400"
 
