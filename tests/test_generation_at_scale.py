@@ -161,6 +161,7 @@ def test_budget_check_judges_the_budget_configured_now(layout):
                                tags={"dagster/partition": "later"}, instance=instance, resources=lowered,
                                raise_on_error=False)
         check = checks_by_name(alone)["token_budget"]
+        print(f"token_budget alone, budget lowered to 900: passed={check.passed}: {check.description}")
         assert not check.passed, check.description
         assert check.description.startswith("1,000 of 900 tokens used (budget from "
                                             "dataset_settings.default_budget_tokens) (11.11% over, strict policy); "
