@@ -205,26 +205,34 @@ def _single_run(server, names: list[str], assets: list[str], run_config: dict, w
 
 
 def cmd_export(args) -> int:
-    """Where a recipe's drafter exports are, and whether the SGLang export follows the serving contract."""
-    from eagle3_assets.drafter.export import check_sglang_export
+    """Where a recipe's drafter exports are, and whether each follows its serving contract and names
+    the layers the drafter was trained on (the review ``drafter_acceptance`` runs). Exit 1: an export
+    breaks its serving contract; 2: none yet, or its layers are not training's (both lists printed)."""
+    from eagle3_assets.drafter.export_review import review_exports
+    from eagle3_assets.drafter.recipes import load_recipe
 
     layout = DataLayout.from_env(args.root)
     out = layout.drafter_dir(args.recipe)
-    sglang_dir, vllm_dir = out / "sglang", out / "vllm"
-    print(f"recipe           {args.recipe}\ndrafter dir      {out}\nsglang export    {sglang_dir}\n"
-          f"vllm export      {vllm_dir}")
-    if not sglang_dir.exists():
-        print(f"no SGLang export yet: materialize drafter_checkpoint[{args.recipe}] first", file=sys.stderr)
+    engines = load_recipe(args.recipe).shape.engines
+    print(f"recipe            {args.recipe}\ndrafter dir       {out}\n"
+          + "".join(f"{e + ' export':<18}{out / e}\n" for e in engines), end="")
+    if not any((out / e).exists() for e in engines):
+        print(f"no export yet: materialize drafter_checkpoint[{args.recipe}] first", file=sys.stderr)
         return 2
-    problems = check_sglang_export(sglang_dir)
-    if problems:
-        print("SGLang export INVALID:", file=sys.stderr)
-        for p in problems:
+    review = review_exports(out, engines)
+    for e in engines:
+        print(f"{e + ' aux layers':<18}trained {review.trained_ids(e)} ({e} numbering)")
+    if review.problems:
+        print("exports INVALID:", file=sys.stderr)
+        for p in review.problems:
             print(f"  - {p}", file=sys.stderr)
-        return 1
-    print("SGLang export ok; serve it with:\n"
-          f"  python -m sglang.launch_server --model-path <target> --speculative-algorithm EAGLE3 "
-          f"--speculative-draft-model-path {sglang_dir}")
+        return 2 if review.layer_problems else 1
+    print("exports ok and name the trained layers; serve them with:")
+    if "sglang" in engines:
+        print(f"  python -m sglang.launch_server --model-path <target> --speculative-algorithm EAGLE3 "
+              f"--speculative-draft-model-path {out / 'sglang'}")
+    if "vllm" in engines:
+        print(f"  vllm serve {out / 'vllm'}")
     return 0
 
 
@@ -305,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                         "UI's 'Pass partition ranges to single run' (starts without waiting for the backfill daemon)")
     p.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the backfill to finish")
     p.set_defaults(fn=cmd_backfill)
-    p = sub.add_parser("export", help="print a recipe's drafter exports and validate the SGLang one")
+    p = sub.add_parser("export", help="print a recipe's drafter exports, validate them, compare their aux layers with training")
     p.add_argument("recipe")
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("ui", help="serve the Dagster webserver and daemon on 127.0.0.1")

@@ -80,3 +80,22 @@ def test_missing_training_record_is_named(tmp_path):
     (out / "job.json").unlink()
     with pytest.raises(FileNotFoundError, match="job.json is missing"):
         trained_layers(out)
+
+
+def test_eval_json_is_linked_to_the_export_it_measured(tmp_path):
+    """An eval.json measured on other files than the export holds now (weights replaced after the
+    evaluation) is a problem; one from before fingerprints is said, not passed in silence."""
+    from eagle3_assets.drafter.export import export_sglang
+    from eagle3_assets.drafter.export_review import evaluation_link_problems, export_fingerprint
+    from tests.test_drafter_recipe_options import tiny_drafter
+
+    out = tmp_path / "drafter"
+    export_sglang(tiny_drafter(seed=1)[0], out / "sglang", dtype="float32")
+    ev = {"evaluated_export": export_fingerprint(out)}
+    assert ev["evaluated_export"]["export"] == "sglang" and evaluation_link_problems(ev, out) == ([], "")
+    export_sglang(tiny_drafter(seed=2)[0], out / "sglang", dtype="float32")  # another drafter's weights
+    [problem], _ = evaluation_link_problems(ev, out)
+    assert problem == ("eval.json measured other files than the sglang export holds now (model.safetensors changed "
+                       "since): re-materialize the drafter")
+    problems, note = evaluation_link_problems({}, out)
+    assert problems == [] and "records no fingerprint" in note

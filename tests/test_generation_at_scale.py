@@ -105,12 +105,13 @@ def test_unanswered_prompts_warn_and_are_listed_with_their_reason(layout, env_ke
                              resources=default_resources(), partition_key="holes", raise_on_error=False)
         check = checks_by_name(inv)["responses_complete"]
         assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
-        assert "1 prompts without a response (http_400: 1)" in check.description
+        assert "1 prompts without a response (http_400: 1): q0" in check.description  # the prompt named, not only counted
         assert "q0" in check.metadata["prompts"].value
         assert inv.asset_materializations_for_node("inventory")[0].metadata["missing"].value == 1
         print_inventory(layout)
         out = capsys.readouterr().out
         assert "missing" in out and "billed $" in out
+        assert "'remaining' is the budget inventory recorded when it last ran" in " ".join(out.split())
         row = json.loads(ResponseStore(layout.responses_dir("holes")).errors_path.read_text().splitlines()[0])
         assert row["prompt_id"] == "q0" and row["reason"] == "http_400"
 
@@ -134,3 +135,36 @@ def test_budget_check_allows_the_expected_policy_its_one_percent(layout, policy,
         check = checks_by_name(result)["token_budget"]
         assert check.passed is passes and "0.40% over" in check.description
         assert check.metadata["budget_overshoot"].value == 4
+
+
+def test_budget_check_judges_the_budget_configured_now(layout):
+    """The budget lowered after inventory ran: the check alone (no new inventory) judges the
+    configured budget, names it and where it came from, and says what inventory had recorded."""
+    from eagle3_assets.corpus.assets import inventory
+    from eagle3_assets.corpus.checks import token_budget
+    from resources import DatasetSettings
+
+    write_prompts(layout, "later", 4)
+    store = ResponseStore(layout.responses_dir("later"))
+    with store.writer("openrouter") as w:
+        w.write_batch([{"sample_id": f"s{i}", "prompt_id": f"q{i}", "source": "openrouter", "finish_reason": "stop",
+                        "completion_tokens": 250, "cost_usd": 0.001} for i in range(4)])
+    store.write_last_run({"budget_policy": "strict", "stopped_reason": None})
+    with dg.instance_for_test() as instance:
+        add_partitions(instance, ["later"])
+        res = {**default_resources(), "dataset_settings": DatasetSettings(budget_tokens={"later": 2000})}
+        first = dg.materialize([*DATA_ASSETS, *DATA_CHECKS], selection=["inventory"], instance=instance,
+                               resources=res, partition_key="later", raise_on_error=False)
+        assert checks_by_name(first)["token_budget"].passed
+        lowered = {**default_resources(), "dataset_settings": DatasetSettings(default_budget_tokens=900)}
+        alone = dg.materialize([inventory, token_budget], selection=dg.AssetSelection.checks(token_budget),
+                               tags={"dagster/partition": "later"}, instance=instance, resources=lowered,
+                               raise_on_error=False)
+        check = checks_by_name(alone)["token_budget"]
+        print(f"token_budget alone, budget lowered to 900: passed={check.passed}: {check.description}")
+        assert not check.passed, check.description
+        assert check.description.startswith("1,000 of 900 tokens used (budget from "
+                                            "dataset_settings.default_budget_tokens) (11.11% over, strict policy); "
+                                            "inventory recorded a budget of 2,000 when it ran (")
+        assert check.description.endswith("), the configured 900 is the one judged")
+        assert check.metadata["inventory_budget_tokens"].value == 2000

@@ -258,6 +258,8 @@ def test_verify_catches_corruption(tmp_path):
     assert not v.ok and any("sha256" in p for p in v.problems)
     make_corpus(corpus, lengths=[20, 21, 22])  # a sample the shards do not hold
     assert any("neither stored nor quarantined" in p for p in verify_shards(out, corpus).problems)
+    make_corpus(corpus, lengths=[20, 23])  # a sample whose corpus row is longer than what was stored: named
+    assert "1 samples stored with a length different from the corpus, e.g. ['s01']" in verify_shards(out, corpus).problems
 
 
 def test_writer_refuses_other_settings_and_duplicates(tmp_path):

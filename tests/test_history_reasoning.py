@@ -49,6 +49,57 @@ def test_sharegpt_thought_field_and_bad_reasoning():
     assert e.value.field == "messages[1].reasoning_content"
 
 
+SHAREGPT_CALL = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+
+
+@pytest.mark.parametrize("turns,want", [
+    ([{"from": "function_call", "value": SHAREGPT_CALL, "thought": "need the weather"}], "need the weather"),
+    # joined to the text turn before it: that turn's reasoning, then the call turn's
+    ([{"from": "gpt", "value": "Let me look.", "thought": "a tool knows"},
+      {"from": "function_call", "value": SHAREGPT_CALL, "thought": "need the weather"}], "a tool knows\n\nneed the weather"),
+    ([{"from": "gpt", "value": "Let me look."}, {"from": "function_call", "value": SHAREGPT_CALL, "thinking": "need it"}],
+     "need it"),
+])
+def test_sharegpt_thought_on_a_function_call_turn_is_the_turns_reasoning(tmp_path, kimi, turns, want):
+    """Through the prompt table into the request and the rendering: nothing said is dropped."""
+    from eagle3_assets.prompts.build import build_prompt_table
+    from eagle3_assets.prompts.context import ContextLimit
+    from eagle3_assets.prompts.options import ReadOptions
+    from eagle3_assets.prompts.reader import PromptReader
+    from eagle3_assets.prompts.table import read_prompt_table
+    from tests.conftest import write_jsonl
+
+    row = {"id": "c1", "conversations": [{"from": "human", "value": "Weather in Oslo?"}, *turns,
+                                         {"from": "observation", "value": '{"sky": "snow"}'}]}
+    reader = PromptReader(write_jsonl(tmp_path / "sg.jsonl", [row]), ReadOptions())
+    build_prompt_table(reader, kimi, ContextLimit(4096, 256), "refuse", tmp_path / "t.parquet")
+    assert reader.skipped == 0
+    (p,) = read_prompt_table(tmp_path / "t.parquet")
+    call_turn = p.messages[1]
+    assert call_turn["tool_calls"][0]["function"]["name"] == "get_weather" and call_turn["reasoning_content"] == want
+    assert openrouter_messages(p.messages)[1]["reasoning"] == want  # the request carries it
+    text = kimi.decode(kimi.render_prompt(p.messages, p.tools))
+    assert f"<think>{want}</think>" in text  # the current loop's reasoning, rendered
+
+
+@pytest.mark.parametrize("turn", [{"from": "human", "value": "Hi", "thought": "mine"},
+                                  {"role": "tool", "content": "snow", "reasoning": "why"}])
+def test_reasoning_that_cannot_be_placed_is_a_counted_problem(tmp_path, turn):
+    """Reasoning on a turn that is not the assistant's has nowhere to go: the row is a counted, named
+    bad row (kind 'reasoning that cannot be placed'), never silently stripped."""
+    from eagle3_assets.prompts.reader import PromptReader
+    from tests.conftest import write_jsonl
+
+    if "from" in turn:
+        row = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}, turn]}
+    else:
+        row = {"messages": [*_openai({})["messages"][:2], {**turn, "tool_call_id": "call_1"}]}
+    reader = PromptReader(write_jsonl(tmp_path / "x.jsonl", [row, _openai({})]), skip_invalid=True)
+    assert len(list(reader)) == 1 and reader.log.counts == {"reasoning that cannot be placed": 1}
+    (problem,) = reader.log.examples
+    assert problem.line == 1 and problem.field.endswith((".thought", ".reasoning"))
+
+
 def test_reasoning_renders_in_the_current_loop_only(kimi):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello", "reasoning_content": "old thought"},

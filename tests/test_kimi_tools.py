@@ -115,7 +115,7 @@ def test_text_row_with_calls_is_the_templates_rendering_of_the_reply(kimi):
     completion = t["input_ids"][t["prompt_len"]:]
     assert t["built_from"] == "retokenized" and t["tool_calls"] == 2 and t["has_tools"]
     assert "tool-call ids rebuilt as functions.<name>:<index>" in t["build_notes"]
-    # call_abc is the conversation's second call (index 1); Kimi's own id is kept as it came
+    # the reply's calls are the conversation's second and third (indexes 1 and 2), whatever ids they came with
     assert kimi.decode(completion) == (
         "Two cities.</think>Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:1"
         '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_call_begin|>functions.get_weather:2'
@@ -129,6 +129,37 @@ def test_text_row_with_calls_is_the_templates_rendering_of_the_reply(kimi):
     assert t["input_ids"] == list(full)
     cut = build_token_row(row(tool_calls=CALLS, finish_reason="length"), HISTORY, kimi, tools=[WEATHER])
     assert cut["input_ids"][-1] == SECTION_END  # a reply cut short never closed its turn
+
+
+PROVIDER_IDS = {  # a provider's id for a turn's k-th call: its index restarts each turn
+    "functions.NAME:i": lambda name, k: f"functions.{name}:{k}",
+    "NAME:i": lambda name, k: f"{name}:{k}",
+    "call_...": lambda name, k: f"call_{name[:3]}{k}x9",
+}
+
+
+@pytest.mark.parametrize("form", sorted(PROVIDER_IDS))
+def test_reply_call_ids_count_the_conversations_calls_for_every_provider_form(kimi, form):
+    """K2.5 numbers a call by the conversation's call count, history and reply alike: after two
+    history calls a reply's two calls are ``:2`` and ``:3`` whatever the provider wrote. The ids are
+    read back out of the rendered training sequence, not from the calls the code built."""
+    import re
+
+    make = PROVIDER_IDS[form]
+    history = [{"role": "user", "content": "Oslo and Rome?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": f"functions.get_weather:{k}", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{}"}} for k in range(2)]},
+               {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"},
+               {"role": "tool", "tool_call_id": "functions.get_weather:1", "content": "rain"},
+               {"role": "user", "content": "And Lima, Quito?"}]
+    calls = [{"id": make("get_weather", k), "type": "function",
+              "function": {"name": "get_weather", "arguments": "{}"}} for k in range(2)]
+    t = build_token_row(row(text="", tool_calls=calls), history, kimi, tools=[WEATHER])
+    text = kimi.decode(t["input_ids"])
+    ids = re.findall(r"<\|tool_call_begin\|>(.*?)<\|tool_call_argument_begin\|>", text)
+    assert ids == [f"functions.get_weather:{k}" for k in range(4)], ids
+    assert len(set(ids)) == len(ids)
 
 
 def test_native_row_calibrates_against_the_rerendered_calls(kimi):

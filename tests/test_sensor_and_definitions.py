@@ -51,5 +51,5 @@ def test_graph_shape():
     assert keys == {"prompts", "raw_responses", "token_ids", "inventory", "merged_corpus", "hidden_states",
                     "drafter_checkpoint"}
     blocking = {c.name for c in defs.resolve_asset_graph().asset_check_keys}
-    assert {"special_tokens_valid", "reconstruction_consistency", "token_budget", "corpus_integrity",
+    assert {"special_tokens_valid", "reconstruction_consistency", "token_rows_intact", "token_budget", "corpus_integrity",
             "shard_integrity", "drafter_acceptance"} <= blocking

@@ -45,12 +45,12 @@ def test_section_read_as_leniently_as_vllm(kimi):
 
 
 def test_provider_ids_in_kimis_form():
-    assert kimi_call_id("weather:0", "weather", 5) == "functions.weather:0"
-    assert kimi_call_id("call_abc", "weather", 5) == "functions.weather:5"
-    assert kimi_call_id("functions.weather:2", "weather", 5) == "functions.weather:2"
-    assert kimi_call_id("functions.other:2", "weather", 5) == "functions.weather:5"
-    calls, changed = KimiFormat.kimi_ids([{"id": "get_time:3", "function": {"name": "get_time"}}], 0)
-    assert calls[0]["id"] == "functions.get_time:3" and changed
+    """Every provider form gets the count-based id: a provider's own index is not the conversation's."""
+    assert kimi_call_id("weather", 5) == "functions.weather:5"
+    for cid in ("weather:0", "call_abc", "functions.weather:2", "functions.other:2", None):
+        calls, changed = KimiFormat.kimi_ids([{"id": cid, "function": {"name": "weather"}}], 5)
+        assert calls[0]["id"] == "functions.weather:5" and changed
+    assert KimiFormat.kimi_ids([{"id": "functions.weather:5", "function": {"name": "weather"}}], 5)[1] is False
 
 
 def _tc(cid, name: str) -> dict:

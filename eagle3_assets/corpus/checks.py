@@ -11,32 +11,43 @@ from eagle3_assets.generation.admission import EXPECTED_OVERSHOOT_ALLOWANCE
 from eagle3_assets.generation.response_store import ResponseStore
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
-from eagle3_assets.querying import SAMPLE, query_rows
+from eagle3_assets.querying import SAMPLE, name_rows, query_rows
+from eagle3_assets.tokens.digest import verify_token_table
 from resources import DatasetSettings, StorageResource
 
 
 @dg.asset_check(asset=inventory, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
-                description="Completion tokens of the dataset are within its budget (within 1% above it when "
-                            "its last generation ran with the `expected` budget policy).")
-def token_budget(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
+                description="Completion tokens of the dataset are within its budget as configured now (the "
+                            "dataset_settings resource, not the figure inventory recorded when it last ran), within 1% "
+                            "above it when its last generation ran with the `expected` budget policy; the description "
+                            "names the budget judged and where it came from.")
+def token_budget(context: dg.AssetCheckExecutionContext, storage: StorageResource,
+                 dataset_settings: DatasetSettings) -> dg.AssetCheckResult:
+    dataset = context.partition_key
     with storage.query() as con:
-        rows = query_rows(con, "SELECT source, completion_tokens, budget_tokens, budget_used, budget_remaining "
-                          "FROM meta.inventory WHERE dataset = ? ORDER BY source = 'all', source",
-                     [context.partition_key])
+        rows = query_rows(con, "SELECT source, completion_tokens, budget_tokens, budget_used, budget_remaining, "
+                          "updated_at FROM meta.inventory WHERE dataset = ? ORDER BY source = 'all', source", [dataset])
     total = next((r for r in rows if r["source"] == "all"), None)
     if total is None:
         return dg.AssetCheckResult(passed=False, description="no inventory row for this dataset")
-    last_run = ResponseStore(storage.layout.responses_dir(context.partition_key)).last_run() or {}
+    budget = dataset_settings.budget_for(dataset)
+    where = (f"dataset_settings.budget_tokens[{dataset!r}]" if dataset in dataset_settings.budget_tokens
+             else "dataset_settings.default_budget_tokens")
+    recorded = total["budget_tokens"]
+    last_run = ResponseStore(storage.layout.responses_dir(dataset)).last_run() or {}
     policy = last_run.get("budget_policy", "strict")
-    allowed = total["budget_tokens"] * (1 + (EXPECTED_OVERSHOOT_ALLOWANCE if policy == "expected" else 0.0))
-    ok = total["budget_used"] <= allowed
-    overshoot = max(0, total["budget_used"] - total["budget_tokens"])
+    allowed = budget * (1 + (EXPECTED_OVERSHOOT_ALLOWANCE if policy == "expected" else 0.0))
+    used = total["budget_used"]
+    overshoot = max(0, used - budget)
+    stale = (f"; inventory recorded a budget of {recorded:,} when it ran ({total['updated_at']}), the configured "
+             f"{budget:,} is the one judged" if recorded != budget else "")
     return dg.AssetCheckResult(
-        passed=ok,
-        description=f"{total['budget_used']:,} of {total['budget_tokens']:,} tokens used"
-                    + (f" ({overshoot / total['budget_tokens']:.2%} over, {policy} policy)" if overshoot else ""),
-        metadata={"budget_tokens": total["budget_tokens"], "budget_used": total["budget_used"],
-                  "budget_remaining": total["budget_remaining"], "budget_overshoot": overshoot,
+        passed=used <= allowed,
+        description=f"{used:,} of {budget:,} tokens used (budget from {where})"
+                    + (f" ({overshoot / budget:.2%} over, {policy} policy)" if overshoot and budget else
+                       f" (over a zero budget, {policy} policy)" if overshoot else "") + stale,
+        metadata={"budget_tokens": budget, "budget_source": where, "inventory_budget_tokens": recorded,
+                  "budget_used": used, "budget_remaining": budget - used, "budget_overshoot": overshoot,
                   "budget_policy": policy, "by_source": md_table(rows)},
     )
 
@@ -59,38 +70,53 @@ def truncation_rate(context: dg.AssetCheckExecutionContext, storage: StorageReso
 
 
 @dg.asset_check(asset=merged_corpus, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
-                description="No duplicate samples, train/eval split disjoint by prompt, no empty assistant mask.")
+                description="No duplicate samples, train/eval split disjoint by prompt, no empty assistant mask; every "
+                            "row's ids and mask still match the digest token_ids wrote with them (rows named).")
 def corpus_integrity(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
-    path = str(storage.layout.corpus(context.partition_key))
     with storage.query() as con:
-        rows, train, eval_ = con.execute(
-            "SELECT count(*), count(*) FILTER (WHERE split = 'train'), count(*) FILTER (WHERE split = 'eval') "
-            "FROM read_parquet(?)", [path]).fetchone()
-        dups = query_rows(con, "SELECT sample_id, count(*) AS copies FROM read_parquet(?) GROUP BY sample_id "
-                          "HAVING count(*) > 1 LIMIT ?", [path, SAMPLE])
-        n_dups = con.execute("SELECT count(*) FROM (SELECT sample_id FROM read_parquet(?) GROUP BY sample_id "
-                             "HAVING count(*) > 1)", [path]).fetchone()[0]
-        leaks = query_rows(con, "SELECT prompt_id, list(DISTINCT split) AS splits FROM read_parquet(?) GROUP BY prompt_id "
-                           "HAVING count(DISTINCT split) > 1", [path])
-        empty = query_rows(con, "SELECT sample_id, source, len(input_ids) AS length FROM read_parquet(?) "
-                           "WHERE list_sum(loss_mask) = 0 OR len(loss_mask) <> len(input_ids)", [path])
+        return corpus_integrity_result(con, str(storage.layout.corpus(context.partition_key)))
+
+
+def corpus_integrity_result(con, path: str) -> dg.AssetCheckResult:
+    """The body of ``corpus_integrity`` (``con`` a DuckDB connection, ``path`` the corpus Parquet file)."""
+    rows, train, eval_ = con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE split = 'train'), count(*) FILTER (WHERE split = 'eval') "
+        "FROM read_parquet(?)", [path]).fetchone()
+    dups = query_rows(con, "SELECT sample_id, count(*) AS copies FROM read_parquet(?) GROUP BY sample_id "
+                      "HAVING count(*) > 1 LIMIT ?", [path, SAMPLE])
+    n_dups = con.execute("SELECT count(*) FROM (SELECT sample_id FROM read_parquet(?) GROUP BY sample_id "
+                         "HAVING count(*) > 1)", [path]).fetchone()[0]
+    leaks = query_rows(con, "SELECT prompt_id, list(DISTINCT split) AS splits FROM read_parquet(?) GROUP BY prompt_id "
+                       "HAVING count(DISTINCT split) > 1", [path])
+    empty = query_rows(con, "SELECT sample_id, source, len(input_ids) AS length FROM read_parquet(?) "
+                       "WHERE list_sum(loss_mask) = 0 OR len(loss_mask) <> len(input_ids)", [path])
+    digests = verify_token_table(path)
     problems = []
     if n_dups:
-        problems.append(f"{n_dups} duplicate sample ids")
+        problems.append(f"{n_dups} duplicate sample ids ({name_rows(dups, n_dups)})")
     if leaks:
-        problems.append(f"{len(leaks)} prompts appear in both train and eval")
+        problems.append(f"{len(leaks)} prompts appear in both train and eval ({name_rows(leaks)})")
     if empty:
-        problems.append(f"{len(empty)} rows with an empty or misaligned loss mask")
+        problems.append(f"{len(empty)} rows with an empty or misaligned loss mask ({name_rows(empty)})")
+    if digests.mismatched:
+        problems.append(f"{digests.mismatched} rows hold ids or a loss mask other than token_ids wrote "
+                        f"({digests.names()})")
     if rows == 0:
         problems.append("the corpus is empty")
     offending = [dict(r, problem="duplicate") for r in dups]
     offending += [dict(r, problem="split leak") for r in leaks[:SAMPLE]]
     offending += [dict(r, problem="empty mask") for r in empty[:SAMPLE]]
+    offending += [dict(r, problem="digest differs") for r in digests.first]
     return dg.AssetCheckResult(
         passed=not problems,
-        description="; ".join(problems) or f"{rows} unique samples, {train} train / {eval_} eval",
+        description="; ".join(problems) or f"{rows} unique samples, {train} train / {eval_} eval"
+        + (", every row matching its digest" if digests.has_digest else
+           "; no row digests in this corpus (written before rows carried them): edited ids cannot be detected"),
         metadata={"rows": rows, "train": train, "eval": eval_, "duplicates": n_dups,
-                  "split_leaks": len(leaks), "empty_masks": len(empty), "offending_rows": md_table(offending)},
+                  "split_leaks": len(leaks), "empty_masks": len(empty), "digest_mismatches": digests.mismatched,
+                  "digests": "checked" if digests.has_digest else "none in this corpus (written before rows carried "
+                                                                  "digests): edited ids cannot be detected",
+                  "offending_rows": md_table(offending)},
     )
 
 
@@ -112,7 +138,8 @@ def responses_complete(context: dg.AssetCheckExecutionContext, storage: StorageR
     reasons = ", ".join(f"{r['reason']}: {r['prompts']}" for r in by_reason)
     return dg.AssetCheckResult(
         passed=n == 0, severity=dg.AssetCheckSeverity.WARN,
-        description=f"{n} prompts without a response ({reasons})" if n else "every prompt has a response",
+        description=f"{n} prompts without a response ({reasons}): {name_rows(sample, n)}" if n
+        else "every prompt has a response",
         metadata={"unanswered": n, "by_reason": md_table(by_reason), "prompts": md_table(sample)},
     )
 

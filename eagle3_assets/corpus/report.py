@@ -41,6 +41,11 @@ def print_inventory(layout: DataLayout) -> None:
         table.add_row(*[_fmt(row.get(k)) for k, _ in INVENTORY_COLUMNS],
                       style="bold" if row["source"] == "all" else None)
     console.print(table)
+    if "updated_at" in frame.columns:
+        stamps = frame.filter(frame["source"] == "all").select("dataset", "updated_at").rows()
+        console.print("'remaining' is the budget inventory recorded when it last ran, minus what was used then ("
+                      + ", ".join(f"{d}: {t:%Y-%m-%d %H:%M}" if t else f"{d}: ?" for d, t in stamps) + "); a budget "
+                      "changed since is judged by the token_budget check, which reads the configured one.")
     if "billed_dead_runs_usd" in frame.columns and (frame["billed_dead_runs_usd"].fill_null(0.0) > 0).any():
         from eagle3_assets.generation.key_ledger import CAVEAT
 

@@ -161,6 +161,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
             "eval_prompts": len(prompts),
             "train_samples_per_epoch": samples,
             "steps": result["total_steps"],
+            "training_segments": len(result.get("segments") or []),  # runs of this training (a resume adds one)
             **{k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
             **pipes_meta,
             "training_curve": dg.MetadataValue.md(

@@ -35,25 +35,23 @@ def acceptance_problems(ev: dict, settings) -> list[str]:
                             "prompts reaches the recipe's acceptance floor, beats an untrained drafter by the "
                             "recipe's margin and reproduces greedy decoding.")
 def drafter_acceptance(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
-    from eagle3_assets.drafter.export import check_sglang_export, check_vllm_export
+    from eagle3_assets.drafter.export_review import evaluation_link_problems, review_exports
     from eagle3_assets.drafter.recipes import load_recipe
-    from eagle3_assets.drafter.trained_layers import trained_layers
 
     out = storage.layout.drafter_dir(context.partition_key)
     recipe = load_recipe(context.partition_key)
-    engines = recipe.shape.engines
-    try:
-        layers, problems = trained_layers(out), []
-    except (OSError, ValueError, KeyError) as exc:
-        layers, problems = None, [f"training layers: {exc}"]
-    problems += [f"sglang export: {p}" for p in check_sglang_export(out / "sglang", layers)] if "sglang" in engines else []
-    problems += [f"vllm export: {p}" for p in check_vllm_export(out / "vllm", layers)] if "vllm" in engines else []
+    review = review_exports(out, recipe.shape.engines)
+    layers, problems = review.layers, review.problems
     ev = json.loads((out / "eval.json").read_text()) if (out / "eval.json").exists() else None
+    note = ""
     if ev is None:
         problems.append("no eval.json: the drafter was not evaluated")
     else:
         problems += acceptance_problems(ev, recipe.evaluation)
+        linked, note = evaluation_link_problems(ev, out)
+        problems += linked
     ok = f"acceptance length {ev['trained']['acceptance_length']:.3f} >= {ev['floor']}" if ev else ""
+    ok += f"; {note}" if ok and note else ""
     return dg.AssetCheckResult(
         passed=not problems,
         description="; ".join(problems) or ok,

@@ -55,11 +55,13 @@ def evaluate_drafter(model_dir: Path, out_dir: Path, prompts: list[list[int]], r
     """Acceptance of the exported drafter (loaded from its files alone, under ``out_dir``) and of
     an untrained one; decoding stops on ``stop_ids`` (the target's eos ids and end of turn:
     ``TargetSpec.stop_token_ids``)."""
+    from eagle3_assets.drafter.export_review import export_fingerprint
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate, untrained_baseline
     from eagle3_assets.drafter.target_weights import read_target_embeddings
     from eagle3_assets.target.loading import load_causal_lm
 
     target = load_causal_lm(model_dir)
+    fingerprint = export_fingerprint(out_dir)  # of the files loaded here, so eval.json names what it measured
     drafter = load_export(out_dir, read_target_embeddings(model_dir)).float().eval()
     stop = list(stop_ids)
     ev = recipe.evaluation
@@ -72,5 +74,5 @@ def evaluate_drafter(model_dir: Path, out_dir: Path, prompts: list[list[int]], r
                      "per_position_rate": list(rep.per_position_rate), "verify_steps": rep.verify_steps,
                      "matches_greedy": bool(rep.matches_greedy)}
     out.update(prompts=len(prompts), k=k, max_new_tokens=n, floor=ev.acceptance_floor, margin=ev.acceptance_margin,
-               stop_ids=stop)
+               stop_ids=stop, evaluated_export=fingerprint)
     return out

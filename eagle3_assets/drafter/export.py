@@ -264,16 +264,17 @@ def _sglang_file_problems(export_dir: Path) -> list[str]:
     return problems
 
 
-def _shared_problems(layer: dict, top: dict, sglang_ids, where: str) -> list[str]:
-    """Rope, head shape and aux-layer problems both engines' loaders would misread."""
-    from eagle3_assets.hidden_states.layers import sglang_shift_problem
+def _shared_problems(layer: dict, top: dict, sglang_ids, where: str, vllm_ids=None) -> list[str]:
+    """Rope, head shape and aux-layer problems both engines' loaders would misread (the aux ids in
+    the export's own numbering: ``vllm_ids`` for a vLLM export, else ``sglang_ids``)."""
+    from eagle3_assets.hidden_states.layers import sglang_shift_problem, vllm_shift_problem
 
     problems = export_rope_problems(layer, where)
     heads, head_dim = layer.get("num_attention_heads"), layer.get("head_dim")
     if heads and layer.get("hidden_size") and not head_dim and layer["hidden_size"] % heads:
         problems.append(f"{where}: no head_dim and hidden_size {layer['hidden_size']} is not a multiple of {heads} heads")
-    if sglang_ids:
-        shift = sglang_shift_problem(list(sglang_ids))
+    if sglang_ids or vllm_ids:
+        shift = vllm_shift_problem(list(vllm_ids)) if vllm_ids else sglang_shift_problem(list(sglang_ids))
         if shift:
             problems.append(shift)
     if top.get("target_hidden_size") and layer.get("hidden_size") and top["target_hidden_size"] != layer["hidden_size"]:
@@ -320,4 +321,4 @@ def _vllm_file_problems(export_dir: Path) -> list[str]:
     if bool(cfg.get("norm_before_fc", False)) != ("input_norm.weight" in names):
         problems.append(f"norm_before_fc is {bool(cfg.get('norm_before_fc', False))} but input_norm.weight is "
                         f"{'present' if 'input_norm.weight' in names else 'missing'}")
-    return problems + _shared_problems(layer, cfg, [i - 1 for i in ids], "transformer_layer_config")
+    return problems + _shared_problems(layer, cfg, None, "transformer_layer_config", vllm_ids=ids)

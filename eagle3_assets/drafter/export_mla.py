@@ -123,7 +123,7 @@ def check_mla_export(export_dir: Path, engine: str) -> list[str]:
     """What vLLM's or SGLang's DeepSeek EAGLE-3 loader would refuse or read differently (empty: none)."""
     from safetensors import safe_open
 
-    from eagle3_assets.hidden_states.layers import sglang_shift_problem
+    from eagle3_assets.hidden_states.layers import sglang_shift_problem, vllm_shift_problem
 
     export_dir = Path(export_dir)
     cfg_path, weights_path = export_dir / "config.json", export_dir / "model.safetensors"
@@ -145,7 +145,7 @@ def check_mla_export(export_dir: Path, engine: str) -> list[str]:
         problems.append("eagle_config.eagle_aux_hidden_state_layer_ids is missing")
     elif engine == "vllm" and c.get("eagle_aux_hidden_state_layer_ids") not in (None, ids):
         problems.append("eagle_aux_hidden_state_layer_ids differs from eagle_config's (vLLM reads the top level first)")
-    shift = sglang_shift_problem(list(ids) if engine == "sglang" else [i - 1 for i in ids]) if ids else None
+    shift = (sglang_shift_problem(list(ids)) if engine == "sglang" else vllm_shift_problem(list(ids))) if ids else None
     if shift:
         problems.append(shift)
     if engine == "vllm" and c.get("norm_before_residual") is not False:

@@ -109,7 +109,10 @@ def hidden_states_result(context, config: HiddenStatesConfig, out, report, job_m
             "payload_bytes": manifest["payload_bytes"],
             "disk_needed_with_margin": report.preflight.get("need_bytes"),
             "free_bytes_before": report.preflight.get("free_bytes"),
-            "tokens_per_s": round(report.tokens_per_s, 1),
+            # this run's extraction speed; a resumed run that found everything stored has none (not 0.0,
+            # which read as the extraction's own figure replaced by the resume's)
+            "tokens_per_s": round(report.tokens_per_s, 1) if report.tokens_extracted else None,
+            "tokens_extracted_now": report.tokens_extracted,
             "shards": report.shards_total,
             "shards_kept_from_earlier_runs": report.shards_kept,
             "dtype": config.dtype,

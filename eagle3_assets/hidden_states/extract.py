@@ -338,7 +338,8 @@ def verify_shards(out_dir: Path | str, corpus_parquet: Path | str, *, chunk_toke
     lens = stored.join(corpus.select("sample_id", pl.col("input_ids").list.len().alias("clen")), on="sample_id")
     bad = lens.filter(pl.col("length") != pl.col("clen"))
     if bad.height:
-        report.fail(f"{bad.height} samples stored with a length different from the corpus")
+        report.fail(f"{bad.height} samples stored with a length different from the corpus, e.g. "
+                    f"{bad.sort('sample_id')['sample_id'].to_list()[:3]}")
 
     listed_files = {e["file"] for e in manifest["shards"]}
     for p in out_dir.glob("shard-*.safetensors"):

@@ -75,6 +75,17 @@ def sglang_shift_problem(ids: list[int], *, raise_error: bool = False) -> str | 
     return None
 
 
+def vllm_shift_problem(vllm_ids: list[int]) -> str | None:
+    """:func:`sglang_shift_problem` for a vLLM export, worded in vLLM's own numbering (speculators
+    ids are the output-of-layer id + 1, so they must start at 2), or None."""
+    if vllm_ids and vllm_ids[0] != 2:
+        return (f"eagle_aux_hidden_state_layer_ids {list(vllm_ids)} (vLLM's numbering, output-of-layer id + 1) do not "
+                f"start at 2: they name the outputs of layers {[i - 1 for i in vllm_ids]}, which SGLang would not "
+                "serve as named (it shifts ids only when the first is 1), so one drafter would be served on "
+                "different layers by the two engines; use ids that start at 2 here (the default [2, L//2, L-3] does)")
+    return None
+
+
 def hf_hidden_states_index(layer_id: int, n_layers: int) -> int:
     """Index into HF ``output_hidden_states`` holding the output of decoder layer ``layer_id``."""
     if not 0 <= layer_id < n_layers:

@@ -111,12 +111,15 @@ def _turns(raw, where: str, speaker_key: str, text_key: str, shape: str) -> list
             if role not in CHAT_ROLES:
                 raise RowError(f"{at}.role", f"unknown role {who!r} (expected one of {sorted(CHAT_ROLES)})",
                                "unknown role")
+        if role != "assistant" and role != "call":
+            _no_reasoning(m, at, role)
         if role == "call":  # a ShareGPT call turn: the assistant's, joined to its text turn just before
             calls = ledger.calls_of(call_from_text(m.get(tkey), f"{at}.{tkey}"), f"{at}.{tkey}")
             if out and out[-1]["role"] == "assistant" and not out[-1].get("tool_calls"):
                 out[-1]["tool_calls"] = calls
+                _join_reasoning(out[-1], reasoning_of(m, at))
             else:
-                out.append({"role": "assistant", "content": "", "tool_calls": calls})
+                out.append(_with_reasoning({"role": "assistant", "content": "", "tool_calls": calls}, m, at))
         elif role == "tool":
             content = result_text(m.get(tkey), f"{at}.{tkey}")
             call_id = ledger.answer(m.get("tool_call_id"), f"{at}.tool_call_id")
@@ -166,6 +169,24 @@ def _with_reasoning(msg: dict, m: dict, where: str) -> dict:
     if reasoning:
         msg["reasoning_content"] = reasoning
     return msg
+
+
+def _join_reasoning(msg: dict, reasoning: str | None) -> None:
+    """A call turn's reasoning onto the assistant turn it joins (after that turn's own, when it differs)."""
+    if not reasoning:
+        return
+    own = msg.get("reasoning_content")
+    msg["reasoning_content"] = reasoning if not own or own == reasoning else f"{own}\n\n{reasoning}"
+
+
+def _no_reasoning(m: dict, where: str, role: str) -> None:
+    """Reasoning on a turn that is not the assistant's has no place in the conversation: a counted bad
+    row rather than text dropped without a word."""
+    for key in (*REASONING_KEYS, "reasoning_details"):
+        if m.get(key) not in (None, "", []):
+            raise RowError(f"{where}.{key}", f"reasoning on a {role!r} turn: only the assistant's turns carry "
+                                             "reasoning, so it cannot be placed (move it to the assistant turn, or "
+                                             "drop the field)", "reasoning that cannot be placed")
 
 
 def _from_columns(row: dict, cols: ColumnMap) -> tuple[list[dict], str]:

@@ -8,7 +8,7 @@ import dagster as dg
 
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
-from eagle3_assets.querying import SAMPLE, query_rows
+from eagle3_assets.querying import SAMPLE, name_rows, query_rows
 from eagle3_assets.tokens.assets import token_ids
 from resources import DatasetSettings, StorageResource, TargetResource
 
@@ -35,16 +35,16 @@ def special_token_result(tok, con, path: str) -> dg.AssetCheckResult:
     turn_end = tok.template_turn_end()
     total = con.execute("SELECT count(*) FROM read_parquet(?)", [path]).fetchone()[0]
     wrong_end = query_rows(con, """
-        SELECT sample_id, source, input_ids[len(input_ids)] AS last_id FROM read_parquet(?)
+        SELECT dataset, sample_id, source, input_ids[len(input_ids)] AS last_id FROM read_parquet(?)
         WHERE finish_reason = 'stop' AND (len(input_ids) = 0 OR input_ids[len(input_ids)] <> ?)""",
         [path, eot_id])
     out_of_range = query_rows(con, """
-        SELECT sample_id, source, list_min(input_ids) AS min_id, list_max(input_ids) AS max_id
+        SELECT dataset, sample_id, source, list_min(input_ids) AS min_id, list_max(input_ids) AS max_id
         FROM read_parquet(?) WHERE list_min(input_ids) < 0 OR list_max(input_ids) >= ?""",
         [path, tok.vocab_size])
     in_text = query_rows(con, """
         WITH sp AS (SELECT ?::INTEGER[] AS ids)
-        SELECT sample_id, source, literal_specials, len(list_filter(
+        SELECT dataset, sample_id, source, literal_specials, len(list_filter(
             input_ids[prompt_len + 1 : len(input_ids) - CASE WHEN finish_reason = 'stop' THEN 1 ELSE 0 END],
             x -> list_contains(sp.ids, x))) AS special_ids
         FROM read_parquet(?), sp WHERE built_from = 'retokenized'""",
@@ -62,13 +62,13 @@ def special_token_result(tok, con, path: str) -> dg.AssetCheckResult:
         names = ", ".join(f"{i} ({tok.decode([i])!r})" for i in seen[:5])
         problems.append(
             f"{len(wrong_end)} stopped turns end with id {names} instead of the end-of-turn "
-            f"string {eot!r}, which is id {eot_id}"
+            f"string {eot!r}, which is id {eot_id} ({name_rows(wrong_end)})"
         )
     if out_of_range:
-        problems.append(f"{len(out_of_range)} rows hold ids outside [0, {tok.vocab_size})")
+        problems.append(f"{len(out_of_range)} rows hold ids outside [0, {tok.vocab_size}) ({name_rows(out_of_range)})")
     if special_in_text:
         problems.append(f"{len(special_in_text)} re-tokenized rows hold special ids inside their text that no "
-                        "literal special string explains")
+                        f"literal special string explains ({name_rows(special_in_text)})")
     warning = (f"{len(literal_rows)} re-tokenized rows write special-token strings literally in their text "
                f"({sum(r['literal_specials'] for r in literal_rows)} in all); the target's tokenizer encodes them "
                "as special ids, as it would for any caller (see build_notes)") if literal_rows else ""
@@ -117,9 +117,11 @@ def reconstruction_consistency(context: dg.AssetCheckExecutionContext, storage: 
                    avg(retok_exact::INTEGER) FILTER (WHERE native_ids AND tool_calls > 0) AS tool_call_exact_rate
             FROM read_parquet(?) GROUP BY source ORDER BY source""", [path])
         worst = query_rows(con, """
-            SELECT sample_id, source, retok_matched, retok_total, retok_diff FROM read_parquet(?)
+            SELECT dataset, sample_id, source, retok_matched, retok_total, retok_diff FROM read_parquet(?)
             WHERE native_ids AND NOT retok_exact ORDER BY retok_matched / greatest(retok_total, 1) LIMIT ?""",
             [path, SAMPLE])
+        inexact = con.execute("SELECT count(*) FROM read_parquet(?) WHERE native_ids AND NOT retok_exact",
+                              [path]).fetchone()[0]
     matched = sum(r["matched"] or 0 for r in per_source)
     total = sum(r["total"] or 0 for r in per_source)
     native = sum(r["native_rows"] for r in per_source)
@@ -146,8 +148,10 @@ def reconstruction_consistency(context: dg.AssetCheckExecutionContext, storage: 
                                                f"{tool_line}")
     tool_agreement = calls["tool_call_token_agreement"]
     tools_ok = not calls["tool_call_rebuilt_rows"] or tool_agreement is None or tool_agreement >= threshold
-    return dg.AssetCheckResult(passed=agreement >= threshold and tools_ok, metadata=meta,
-                               description=f"token agreement {figure} vs threshold {threshold:.2%}{tool_line}")
+    passed = agreement >= threshold and tools_ok
+    worst_line = f"; least agreeing rows: {name_rows(worst, inexact)}" if worst and not passed else ""
+    return dg.AssetCheckResult(passed=passed, metadata=meta,
+                               description=f"token agreement {figure} vs threshold {threshold:.2%}{tool_line}{worst_line}")
 
 
 def _tool_call_figures(per_source: list[dict]) -> dict:
@@ -172,4 +176,31 @@ def _tool_call_line(calls: dict) -> str:
             f"({calls['tool_call_rebuilt_rows']} rebuilt from structured calls)")
 
 
-TOKEN_CHECKS = [special_tokens_valid, reconstruction_consistency]
+@dg.asset_check(asset=token_ids, blocking=True, partitions_def=datasets_partitions,
+                description="Every row's ids and loss mask are the ones token_ids wrote: its stored row_digest "
+                            "recomputed over the Parquet file (an id edited afterwards fails, named by dataset and "
+                            "sample id). A table written before digests has none: the check says so as a warning.")
+def token_rows_intact(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
+    return token_digest_result(storage.layout.tokens(context.partition_key))
+
+
+def token_digest_result(path) -> dg.AssetCheckResult:
+    """The body of ``token_rows_intact`` for the token (or corpus) file at ``path``."""
+    from eagle3_assets.tokens.digest import DIGEST_COLUMN, verify_token_table
+
+    report = verify_token_table(path)
+    meta = {"rows": report.rows, "mismatched": report.mismatched, "path": dg.MetadataValue.path(str(path)),
+            "offending_rows": md_table(report.first)}
+    if not report.has_digest:
+        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=meta, description=(
+            f"{path} has no {DIGEST_COLUMN} column (written before rows carried digests): an id edited after it was "
+            f"written cannot be detected in its {report.rows:,} rows; re-materialize token_ids to add them"))
+    if report.mismatched:
+        return dg.AssetCheckResult(passed=False, metadata=meta, description=(
+            f"{report.mismatched:,} of {report.rows:,} rows hold ids or a loss mask other than token_ids wrote "
+            f"(their {DIGEST_COLUMN} differs): {report.names()}"))
+    return dg.AssetCheckResult(passed=True, metadata=meta,
+                               description=f"all {report.rows:,} rows match the digest written with them")
+
+
+TOKEN_CHECKS = [special_tokens_valid, reconstruction_consistency, token_rows_intact]

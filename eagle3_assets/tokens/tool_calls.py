@@ -9,10 +9,10 @@ prompt. Rows with native ids keep them; their calls are read back (the server's 
 the ids themselves for SGLang and local rows) and re-rendered the same way, so the agreement of
 this reconstruction is measured where it can be.
 
-Where the format is known (Kimi), calls are also parsed from ids, and a provider's call id that is
-not Kimi's own ``functions.<name>:<index>`` is rebuilt, ``index`` counting the conversation's
-calls, since that is what the model writes: in replies here, in the history's calls and the
-results that answer them by :func:`kimi_history_ids` (the prompt table is written with them).
+Where the format is known (Kimi), calls are also parsed from ids, and every provider call id is
+rebuilt as ``functions.<name>:<index>``, ``index`` counting the conversation's calls, since that is
+what the model writes (:func:`kimi_call_id`, one rule): in replies here, in the history's calls and
+the results that answer them by :func:`kimi_history_ids` (the prompt table is written with them).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ KIMI_MARKERS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<
                 "<|tool_call_argument_begin|>", "<|tool_call_end|>")
 KIMI_ID = re.compile(r"^functions\.(?P<name>.+):(?P<index>\d+)$")
 VLLM_ID = re.compile(r"^.+:\d+$")  # the header vLLM's kimi_k2 parser takes for a call (``_TOOL_ID_RE``)
-BARE_ID = re.compile(r"^(?P<name>[^.:]+):(?P<index>\d+)$")  # a provider's ``get_weather:0`` (Kimi's, unprefixed)
 PROBE_TOOL = {"type": "function", "function": {"name": "zq_probe_tool", "description": "probe",
                                                "parameters": {"type": "object", "properties": {}}}}
 
@@ -116,26 +115,20 @@ the end-of-turn id closes the section, as the stop token ends the text vLLM pars
 
     @staticmethod
     def kimi_ids(calls: list[dict], before: int) -> tuple[list[dict], bool]:
-        """Calls with ids in Kimi's own form (``functions.<name>:<index>``); True when any changed.
-        A provider's unprefixed ``<name>:<index>`` keeps its index; any other id (``call_...``)
-        gets ``before + k``, counting the conversation's calls."""
+        """Calls with K2.5's ids, ``functions.<name>:<before + k>`` (:func:`kimi_call_id`), whatever
+        id the provider gave (``call_...``, ``name:i``, ``functions.name:i``: a provider's index
+        restarts each turn, so keeping it would give two calls of one conversation the same id);
+        True when any changed."""
         out, changed = [], False
         for k, c in enumerate(calls):
-            out.append({**c, "id": kimi_call_id(c.get("id"), c["function"]["name"], before + k)})
+            out.append({**c, "id": kimi_call_id(c["function"]["name"], before + k)})
             changed |= out[-1]["id"] != c.get("id")
         return out, changed
 
 
-def kimi_call_id(cid, name: str, index: int) -> str:
-    """``cid`` in Kimi's form: kept when it is, ``functions.`` added to a bare ``<name>:<index>``,
-    else ``functions.<name>:<index>``."""
-    cid = cid if isinstance(cid, str) else ""
-    m = KIMI_ID.match(cid)
-    if m and m.group("name") == name:
-        return cid
-    m = BARE_ID.match(cid)
-    if m and m.group("name") == name:
-        return f"functions.{cid}"
+def kimi_call_id(name: str, index: int) -> str:
+    """K2.5's id of the conversation's ``index``-th call (from 0): ``functions.<name>:<index>``, the
+    one rule for history calls and replies alike."""
     return f"functions.{name}:{index}"
 
 
@@ -155,7 +148,7 @@ def kimi_history_ids(messages: list[dict]) -> tuple[list[dict], int]:
         if m.get("role") == "assistant" and m.get("tool_calls"):
             calls = []
             for c in m["tool_calls"]:
-                old, cid = c.get("id"), f"functions.{c['function']['name']}:{index}"
+                old, cid = c.get("id"), kimi_call_id(c['function']['name'], index)
                 index += 1
                 changed += cid != old
                 waiting.setdefault(old, deque()).append(cid)

@@ -38,7 +38,7 @@ from eagle3_assets.drafter.training.config import TrainSettings
 from eagle3_assets.drafter.training.distributed import all_reduce_sum, barrier, dist_info, rng_state, set_rng_state
 from eagle3_assets.drafter.training.loss import chunked_step_terms
 from eagle3_assets.drafter.training.memory_plan import StepMemory, split_batch
-from eagle3_assets.drafter.training.metrics import TrainResult, plot_training_curve
+from eagle3_assets.drafter.training.metrics import TrainResult, add_step, new_segment, plot_training_curve, segment_from_metrics
 from eagle3_assets.drafter.training.optim import Optimizers
 from eagle3_assets.drafter.training.teacher import TERMS, TargetIdCache, Teacher, padded_step_terms
 
@@ -66,6 +66,8 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = Optimizers(settings, model, self.total_steps)
         self.step, self.epoch, self.batch_in_epoch, self.metrics = 0, 0, 0, []
+        self.segments: list[dict] = []  # the figures of each earlier run of this training, from the checkpoint
+        self.segment: dict | None = None  # this run's, so far
         self.net = model
         self._noise: torch.Generator | None = None  # this step's feature-noise stream (``noisy``)
 
@@ -97,6 +99,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"], state["scheduler"])
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.metrics = state["metrics"]
+        self.segments = state.get("segments") or [segment_from_metrics(self.metrics)]
         rngs = state["rng"]
         set_rng_state(rngs[self.rank] if self.rank < len(rngs) else rngs[0])
         return ckpt
@@ -117,6 +120,7 @@ class Trainer:
                 "scheduler": scheduler, "rng": rngs, "world_size": self.world,
                 "training": self.settings.model_dump(mode="json"), "drafter_config": self.model.config.to_dict(),
                 "vocab_source_hash": self.vocab_hash, "metrics": self.metrics,
+                "segments": self.segments + ([dict(self.segment)] if self.segment else []),
             }, self.settings.keep_checkpoints)
             write_atomic_text(self.out_dir / "metrics.json", json.dumps(self.metrics))
         barrier()
@@ -308,7 +312,8 @@ class Trainer:
         main = self.rank == 0
         bar = tqdm(total=self.total_steps, initial=self.step, desc="drafter", dynamic_ncols=True, file=sys.stderr,
                    disable=not (main and self.progress))
-        t_start, data_time, step_time, tokens_run, steps_run, stopped = time.perf_counter(), 0.0, 0.0, 0, 0, False
+        t_start, stopped = time.perf_counter(), False
+        seg = self.segment = new_segment(self.step, resumed=last_ckpt is not None)
         stream = self.batches()
         self.net.train()
         while self.step < self.total_steps:
@@ -327,8 +332,7 @@ class Trainer:
             t2 = time.perf_counter()
             m.update(step_time=t2 - t0, data_time=t1 - t0)
             self.metrics.append(m)
-            data_time, step_time = data_time + t1 - t0, step_time + t2 - t0
-            tokens_run, steps_run = tokens_run + m["tokens"], steps_run + 1
+            add_step(seg, self.step, m["tokens"], t1 - t0, t2 - t0, t2 - t_start)
             bar.update(1)
             bar.set_postfix(loss=f"{m['loss']:.3f}", acc0=f"{m['acc_per_step'][0]:.2f}")
             if on_metrics is not None and main:
@@ -336,7 +340,8 @@ class Trainer:
             if self.step % self.settings.checkpoint_every == 0 or self.step == self.total_steps:
                 last_ckpt = self.checkpoint()
         bar.close()
-        wall = time.perf_counter() - t_start
+        self.segments.append(seg)
+        self.segment = None
         metrics_path = curve_path = None
         if main and self.metrics and not stopped:
             metrics_path = self.out_dir / "metrics.json"
@@ -344,8 +349,7 @@ class Trainer:
             curve_path = plot_training_curve(self.metrics, self.out_dir / "training_curve.png")
         result = TrainResult(
             steps=self.step, final=self.metrics[-1] if self.metrics else {}, metrics=self.metrics, checkpoint=last_ckpt,
-            metrics_path=metrics_path, curve_path=curve_path, tokens_per_s=tokens_run / wall if wall > 0 else 0.0,
-            data_share=data_time / step_time if step_time > 0 else 0.0, wall_s=wall, stopped_early=stopped,
+            metrics_path=metrics_path, curve_path=curve_path, stopped_early=stopped, segments=list(self.segments),
         )
         result.summary = result.summarize()
         return result

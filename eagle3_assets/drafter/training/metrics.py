@@ -7,6 +7,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def new_segment(step: int, resumed: bool) -> dict:
+    """The figures of one run of a training (a segment), from the step it starts after."""
+    return {"first_step": step + 1, "last_step": step, "steps": 0, "tokens": 0, "wall_s": 0.0, "data_s": 0.0,
+            "step_s": 0.0, "resumed": resumed}
+
+
+def add_step(seg: dict, step: int, tokens: int, data_s: float, step_s: float, wall_s: float) -> None:
+    """One optimizer step into ``seg``; ``wall_s`` the segment's wall time up to the step's end."""
+    seg.update(last_step=step, steps=seg["steps"] + 1, tokens=seg["tokens"] + tokens, wall_s=wall_s,
+               data_s=seg["data_s"] + data_s, step_s=seg["step_s"] + step_s)
+
+
+def segment_from_metrics(metrics: list[dict]) -> dict:
+    """The earlier runs' segment of a checkpoint written before segments were recorded, from its
+    per-step metrics (wall time unknown there: the steps' own time stands for it)."""
+    seg = new_segment(0, resumed=False)
+    for m in metrics:
+        add_step(seg, m["step"], m.get("tokens", 0), m.get("data_time", 0.0), m.get("step_time", 0.0),
+                 seg["wall_s"] + m.get("step_time", 0.0))
+    return {**seg, "from_metrics": True}
+
+
+def segment_totals(segments: list[dict]) -> dict:
+    """Totals over a training's segments: what a resumed run reports (no run's figures replace another's)."""
+    wall = sum(s["wall_s"] for s in segments)
+    step = sum(s["step_s"] for s in segments)
+    tokens = sum(s["tokens"] for s in segments)
+    return {"steps_trained": sum(s["steps"] for s in segments), "tokens": tokens, "wall_s": wall,
+            "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "data_share": sum(s["data_s"] for s in segments) / step if step > 0 else 0.0}
+
+
 @dataclass
 class TrainResult:
     steps: int
@@ -15,23 +47,38 @@ class TrainResult:
     checkpoint: Path | None
     metrics_path: Path | None
     curve_path: Path | None
-    tokens_per_s: float  # real (non-padding) tokens per second of wall time in this run, all ranks
-    data_share: float  # fraction of step time spent waiting for the next batch
-    wall_s: float
     stopped_early: bool = False
+    segments: list[dict] = field(default_factory=list)  # one per run of this training (a resume adds one)
     summary: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Real (non-padding) tokens per second of training wall time, all ranks, over every segment."""
+        return segment_totals(self.segments)["tokens_per_s"]
+
+    @property
+    def data_share(self) -> float:
+        """Fraction of step time spent waiting for the next batch, over every segment."""
+        return segment_totals(self.segments)["data_share"]
+
+    @property
+    def wall_s(self) -> float:
+        return segment_totals(self.segments)["wall_s"]
 
     def summarize(self) -> dict:
         f = self.final
+        totals = segment_totals(self.segments)
         return {
             "steps": self.steps,
             "final_loss": f.get("loss"),
             "final_acc_per_step": f.get("acc_per_step"),
             "final_loss_per_step": f.get("loss_per_step"),
             "first_loss": self.metrics[0]["loss"] if self.metrics else None,
-            "tokens_per_s": self.tokens_per_s,
-            "data_share": self.data_share,
-            "wall_s": self.wall_s,
+            "tokens_per_s": totals["tokens_per_s"],
+            "data_share": totals["data_share"],
+            "wall_s": totals["wall_s"],
+            "steps_trained": totals["steps_trained"],
+            "segments": self.segments,
         }
 
 

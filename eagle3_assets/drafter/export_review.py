@@ -1,0 +1,81 @@
+"""One review of a drafter's serving exports, for ``drafter_acceptance`` and ``eagle3 export`` alike.
+
+A format check alone passes an export whose aux layer ids name other layers than the drafter was
+trained on (the engine then serves it on the wrong features, silently). So both callers run this:
+each engine's export checked against its serving contract, and its ``eagle_aux_hidden_state_layer_ids``
+against the training shards' manifest, each in that engine's own numbering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle3_assets.drafter.export import check_sglang_export, check_vllm_export
+from eagle3_assets.drafter.trained_layers import ENGINE_IDS, export_layer_problems, trained_layers
+
+CHECKERS = {"sglang": check_sglang_export, "vllm": check_vllm_export}
+
+
+@dataclass
+class ExportReview:
+    layers: dict | None  # the training shards' ``layers`` record, None when it cannot be read
+    format_problems: list[str] = field(default_factory=list)  # "<engine> export: ..." serving-contract problems
+    layer_problems: list[str] = field(default_factory=list)  # the link to training: ids differ, record missing
+
+    @property
+    def problems(self) -> list[str]:
+        return self.format_problems + self.layer_problems
+
+    def trained_ids(self, engine: str) -> list[int] | None:
+        """The training layers in ``engine``'s numbering (what its export must name)."""
+        if not self.layers:
+            return None
+        want = self.layers.get(ENGINE_IDS[engine])
+        return list(want) if want is not None else [i + (engine == "vllm") for i in self.layers["aux_layer_ids"]]
+
+
+def review_exports(drafter_dir: Path, engines) -> ExportReview:
+    """The exports of ``engines`` under ``drafter_dir`` (``<dir>/<engine>``) against their serving
+    contracts and against the layers in the training manifests (``job.json`` -> shards)."""
+    drafter_dir = Path(drafter_dir)
+    try:
+        review = ExportReview(trained_layers(drafter_dir))
+    except (OSError, ValueError, KeyError) as exc:
+        review = ExportReview(None, layer_problems=[f"training layers: {exc}"])
+    for engine in engines:
+        export_dir = drafter_dir / engine
+        review.format_problems += [f"{engine} export: {p}" for p in CHECKERS[engine](export_dir)]
+        review.layer_problems += [f"{engine} export: {p}" for p in export_layer_problems(export_dir, engine, review.layers)]
+    return review
+
+
+def evaluated_export_dir(drafter_dir: Path) -> Path:
+    """The export the evaluator loads: the SGLang one, or the vLLM one when there is no other."""
+    drafter_dir = Path(drafter_dir)
+    return drafter_dir / ("sglang" if (drafter_dir / "sglang" / "config.json").exists() else "vllm")
+
+
+def export_fingerprint(drafter_dir: Path) -> dict:
+    """What ``eval.json`` records of the export it measured: which one and the sha256 of its files,
+    so the acceptance check can tell an evaluation of these files from one of files since replaced."""
+    from eagle3_assets.hidden_states.encoding import sha256_file
+
+    d = evaluated_export_dir(drafter_dir)
+    return {"export": d.name, **{name: sha256_file(d / name) for name in ("config.json", "model.safetensors")
+                                 if (d / name).exists()}}
+
+
+def evaluation_link_problems(ev: dict, drafter_dir: Path) -> tuple[list[str], str]:
+    """(problems, note): the export ``ev`` (eval.json) measured against the files there now. An
+    eval.json from before fingerprints gives a note, not a problem: it cannot be linked."""
+    recorded = ev.get("evaluated_export")
+    if not recorded:
+        return [], ("eval.json records no fingerprint of the export it measured (written before they were): "
+                    "its link to these files is not checked")
+    now = export_fingerprint(drafter_dir)
+    changed = sorted(k for k in {*recorded, *now} - {"export"} if recorded.get(k) != now.get(k))
+    if recorded.get("export") != now["export"] or changed:
+        return [f"eval.json measured other files than the {now['export']} export holds now "
+                f"({', '.join(changed) or 'another export'} changed since): re-materialize the drafter"], ""
+    return [], ""
