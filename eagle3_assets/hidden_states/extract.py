@@ -214,12 +214,12 @@ def extract_corpus(
             del feats
             report.forward_seconds += t1 - t0
             report.host_seconds += time.perf_counter() - t1
-            if waiting is not None:
-                store(*waiting)
-            waiting = (rows, ids, masks, staged)
+            previous, waiting = waiting, (rows, ids, masks, staged)
+            if previous is not None:
+                store(*previous)
         if waiting is not None:
-            store(*waiting)
-            waiting = None
+            last, waiting = waiting, None
+            store(*last)
         manifest = writer.close({
             "corpus": {"path": str(corpus_parquet), "rows": corpus_rows, "sha256": sha256_file(Path(corpus_parquet))},
             "backend": desc.get("backend"),
@@ -227,7 +227,7 @@ def extract_corpus(
         })
     except BaseException as exc:
         if waiting is not None and isinstance(exc, Exception):
-            try:  # a later batch failed: this one's states are whole, keep what fills a shard
+            try:  # a forward (or the batch before) failed: this batch's states are whole, keep what fills a shard
                 store(*waiting)
             except Exception:
                 pass
