@@ -20,8 +20,10 @@ class TargetResource(dg.ConfigurableResource):
     (``<|im_end|>`` for ChatML and Kimi; looked up as an id, never hard-coded). ``thinking``: None
     leaves the chat template's default; true/false is passed to the template (Kimi-K2.5's
     ``<think>`` vs ``<think></think>``) and must match what the server used. A Kimi checkpoint
-    needs ``trust_remote_code: true``. ``device``, ``dtype`` and ``threads`` apply where this
-    process runs the model itself (local generation, local extraction, evaluation)."""
+    needs ``trust_remote_code: true``. ``device``, ``dtype`` and ``threads`` apply wherever the
+    project runs the model itself (local generation, every extraction backend, evaluation):
+    ``device: auto`` is cuda where a GPU is visible, else cpu; ``dtype: auto`` is bfloat16 on a GPU and
+    float32 on a CPU, resolved on the machine that loads the model (a SLURM node, not the launcher)."""
 
     model: str = ""
     name: str = ""
@@ -30,8 +32,8 @@ class TargetResource(dg.ConfigurableResource):
     trust_remote_code: bool = False
     end_of_turn: str = ""
     thinking: Optional[bool] = None  # noqa: UP045 - dagster's config schema reads typing.Optional
-    device: str = "cpu"
-    dtype: str = "float32"
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
+    dtype: str = "auto"  # "auto", "bfloat16", "float32", "float16" (bf16/fp32/fp16 too)
     threads: int = 0  # 0 keeps torch's default
     _spec: object = PrivateAttr(default=None)
     _model: object = PrivateAttr(default=None)
@@ -49,6 +51,13 @@ class TargetResource(dg.ConfigurableResource):
                                     end_of_turn=self.end_of_turn, thinking=self.thinking)
         return self._spec
 
+    def torch_dtype(self, device: str | None = None) -> str:
+        """The model dtype on ``device`` (default: this resource's, resolved here): ``auto`` resolved,
+        a bad name refused with the setting named."""
+        from eagle3_assets.target.precision import resolve_dtype
+
+        return resolve_dtype(self.dtype, device or self.device)
+
     def model_dir(self):
         return self.spec().model_dir
 
@@ -61,6 +70,6 @@ class TargetResource(dg.ConfigurableResource):
             from eagle3_assets.target.embedded import EmbeddedModel, set_threads
 
             set_threads(self.threads)
-            self._model = EmbeddedModel(self.model_dir(), device=self.device, dtype=self.dtype,
+            self._model = EmbeddedModel(self.model_dir(), device=self.device, dtype=self.torch_dtype(),
                                         tokenizer=self.load_tokenizer())
         return self._model

@@ -51,6 +51,12 @@ def _browser_missing() -> str:
     return "playwright is not installed (pip install -e '.[test]')"
 
 
+def _gpu() -> str | None:
+    import torch
+
+    return f"cuda ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else None
+
+
 def _slurm() -> str | None:
     from eagle3_assets.testing.slurm_cluster import missing_binaries
 
@@ -67,6 +73,7 @@ def _slurm_missing() -> str:
 class Need:
     find: Callable[[], str | None]  # where the thing is, or None
     missing: str | Callable[[], str]  # what is missing and what to do about it
+    ci_has: bool = True  # False: CI's machines never have it, so its tests are skipped under CI=true too
 
     def why(self) -> str:
         return self.missing() if callable(self.missing) else self.missing
@@ -80,6 +87,7 @@ NEEDS = {
     "sglang": Need(_sglang, "no SGLang environment (.venv-sglang): run `make sglang`"),
     "browser": Need(_browser, _browser_missing),
     "slurm": Need(_slurm, _slurm_missing),
+    "gpu": Need(_gpu, "no CUDA GPU visible to torch (CI has none)", ci_has=False),
 }
 
 
@@ -104,7 +112,7 @@ def pytest_report_header(config):
         if where:
             lines.append(f"{name}: {where}: tests marked {name} run")
         else:
-            then = "FAIL (CI=true)" if in_ci() else "are SKIPPED"
+            then = "FAIL (CI=true)" if in_ci() and need.ci_has else "are SKIPPED"
             lines.append(f"{name}: {need.why()}: tests marked {name} {then}")
     return lines
 
@@ -114,7 +122,7 @@ def pytest_runtest_setup(item):
     """Before any fixture starts (a server, a webserver): skip, or under CI fail, what cannot run here."""
     for name, need in NEEDS.items():
         if item.get_closest_marker(name) is not None and not _found(item.config, name):
-            if in_ci():
+            if in_ci() and need.ci_has:
                 pytest.fail(f"CI=true and this test needs {name}: {need.why()}", pytrace=False)
             pytest.skip(f"{need.why()} (tests marked {name})")
 

@@ -15,7 +15,8 @@ from resources import SlurmJobConfig, SlurmResource, StorageResource, TargetReso
 
 class HiddenStatesConfig(dg.Config):
     backend: str = "local"  # "local" (transformers), "sglang" (torchrun over tp_size GPUs) or "vllm" (a server)
-    dtype: str = "bf16"  # "bf16" or "fp8" (e4m3 with a per-token scale; half the bytes)
+    dtype: str = "bf16"  # shard storage: "bf16" or "fp8" (e4m3 with a per-token scale; half the bytes);
+    # the model's own dtype and device are the target resource's (``auto``: bf16 on a GPU, float32 on a CPU)
     shard_bytes: int = 1 << 30
     batch_tokens: int = 4096
     layer_ids: list[int] = []  # empty: the model's default auxiliary layers
@@ -33,8 +34,11 @@ def build_extractor(config: HiddenStatesConfig, target: TargetResource, vllm: VL
 
     spec = target.spec()
     if config.backend == "local":
-        return extractors.LocalExtractor(spec.model_dir, layer_ids=config.layer_ids or None, device=target.device,
-                                         target=spec.identity)
+        from eagle3_assets.target.precision import resolve_device
+
+        device = resolve_device(target.device)
+        return extractors.LocalExtractor(spec.model_dir, layer_ids=config.layer_ids or None, device=device,
+                                         dtype=target.torch_dtype(device), target=spec.identity)
     if config.backend == "vllm":
         return (vllm or VLLMResource()).extractor(spec, layer_ids=config.layer_ids or None)
     raise ValueError(f"unknown hidden-state backend {config.backend!r} (expected 'local', 'sglang' or 'vllm')")
@@ -67,7 +71,8 @@ def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig,
     if config.backend == "sglang":
         from eagle3_assets.hidden_states.sglang_launch import launch_sglang_extraction
 
-        report = launch_sglang_extraction(context, config, target.spec(), layout.corpus(dataset), out)
+        report = launch_sglang_extraction(context, config, target.spec(), layout.corpus(dataset), out,
+                                          model_dtype=target.dtype)
         return hidden_states_result(context, config, out, report)
     extractor = build_extractor(config, target, vllm)
     bar = tqdm(desc=f"hidden states {dataset}", unit="tok", unit_scale=True, file=sys.stderr)

@@ -37,14 +37,21 @@ def dequantize_fp8(q, scale, dtype=None):
     return out.to(dtype) if dtype is not None else out
 
 
+def encode_ids(input_ids, loss_mask) -> dict:
+    """A sample's token ids (int32) and loss mask (int8) as storage tensors."""
+    import torch
+
+    return {
+        "input_ids": torch.as_tensor(input_ids, dtype=torch.int32).cpu().contiguous(),
+        "loss_mask": torch.as_tensor(loss_mask, dtype=torch.int8).cpu().contiguous(),
+    }
+
+
 def encode_sample(input_ids, loss_mask, aux, last, dtype: str) -> dict:
     """Storage tensors of one sample (CPU, contiguous, storage dtypes)."""
     import torch
 
-    out = {
-        "input_ids": torch.as_tensor(input_ids, dtype=torch.int32).cpu().contiguous(),
-        "loss_mask": torch.as_tensor(loss_mask, dtype=torch.int8).cpu().contiguous(),
-    }
+    out = encode_ids(input_ids, loss_mask)
     if dtype == "bf16":
         out["aux_hidden"] = aux.detach().to("cpu", torch.bfloat16).contiguous()
         out["last_hidden"] = last.detach().to("cpu", torch.bfloat16).contiguous()

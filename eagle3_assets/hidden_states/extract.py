@@ -2,7 +2,10 @@
 
 ``extract_corpus`` checks the disk first, skips samples already in finished shards (resume),
 batches the rest by length (little padding), quarantines samples whose states are not finite
-or whose rows cannot be prefilled, and writes the manifest last. ``verify_shards`` is the
+or whose rows cannot be prefilled, and writes the manifest last. It is a pipeline: batch k's
+states are packed, checked and copied to the host asynchronously (:mod:`.staging`) and handed
+to the shard writer only after batch k+1's forward has been launched, and the writer's threads
+write, hash and fsync up to ``shards_in_flight`` shards while the forwards go on. ``verify_shards`` is the
 integrity check the asset check runs: every corpus sample stored exactly once or listed as
 quarantined, token-exact ids and masks, shapes and dtypes, finite values, checksums.
 """
@@ -20,6 +23,7 @@ import polars as pl
 from eagle3_assets.hidden_states.encoding import dequantize_fp8, sha256_file
 from eagle3_assets.hidden_states.shards import INDEX, MANIFEST, SHARD_RE, ShardWriter
 from eagle3_assets.hidden_states.sizing import check_dtype, estimate_bytes, preflight
+from eagle3_assets.hidden_states.staging import StagedBatch, stage
 
 CORPUS_COLUMNS = ("sample_id", "split", "input_ids", "loss_mask")
 
@@ -42,8 +46,10 @@ class ExtractionReport:
     shards_dropped: int = 0
     bytes: int = 0
     seconds: float = 0.0
-    forward_seconds: float = 0.0
-    write_seconds: float = 0.0
+    forward_seconds: float = 0.0  # the main thread inside extractor.extract (on a GPU: launching, not running)
+    host_seconds: float = 0.0  # the main thread staging batches and queueing their rows (waits included)
+    writer_wait_seconds: float = 0.0  # of which: waiting for a free shard writer (the disk is the bottleneck)
+    write_seconds: float = 0.0  # the writer threads' time per shard, added up
     stale_ids: int = 0  # stored samples the corpus no longer has (verify_shards flags them)
     preflight: dict = field(default_factory=dict)
 
@@ -95,19 +101,6 @@ def _problem(n: int, m: int | None, lo: int | None, hi: int | None, vocab: int |
     return None
 
 
-def _nonfinite(feat) -> str | None:
-    """A sum is finite only if every value is (barring an overflow, which then counts exactly)."""
-    import torch
-
-    if bool(torch.isfinite(feat.aux.sum(dtype=torch.float32)) & torch.isfinite(feat.last.sum(dtype=torch.float32))):
-        return None
-    bad_aux = int((~torch.isfinite(feat.aux)).sum())
-    bad_last = int((~torch.isfinite(feat.last)).sum())
-    if bad_aux or bad_last:
-        return f"non-finite hidden states: {bad_aux} aux values, {bad_last} final values"
-    return None
-
-
 def extract_corpus(
     corpus_parquet: Path | str,
     out_dir: Path | str,
@@ -122,11 +115,15 @@ def extract_corpus(
     background_writes: bool = True,
     share: tuple[int, int] | None = None,
     skip_ids: set[str] | None = None,
+    shards_in_flight: int = 2,
 ) -> ExtractionReport:
     """Extract every corpus sample not yet stored; safe to re-run after a crash.
 
     ``batch_tokens`` bounds the padded size of one forward batch; ``shard_bytes`` the size of
-    one shard file. With ``background_writes`` a shard is written while the next batch runs.
+    one shard file. With ``background_writes`` up to ``shards_in_flight`` shards are written
+    while the next batches run: host memory stays within about ``(1 + shards_in_flight) *
+    (shard_bytes + one batch's states) + two batches' states`` (one batch pinned for the copy,
+    one waiting for its rows to be queued), whatever the corpus's size.
     ``share`` (rank, world): only this node's share of the corpus (:func:`parts.node_of`);
     ``skip_ids``: samples stored elsewhere already (the main directory of a data-parallel job).
     """
@@ -148,7 +145,8 @@ def extract_corpus(
     report = ExtractionReport(out_dir=str(out_dir), planned=corpus.height)
 
     writer = ShardWriter(out_dir, hidden_size=hidden, dtype=dtype, shard_bytes=shard_bytes,
-                         meta={"target": desc["target"], "layers": desc["layers"]}, background=background_writes)
+                         meta={"target": desc["target"], "layers": desc["layers"]}, background=background_writes,
+                         max_inflight=shards_in_flight)
     if retry_quarantined:
         writer.quarantined.clear()  # re-extracted now; a new quarantine record is written if it fails again
     corpus_ids = set(corpus["sample_id"].to_list())
@@ -184,35 +182,58 @@ def extract_corpus(
             writer.quarantine(sid_col[i], split_col[i], n, why)
             report.quarantined_new += 1
 
+    def store(rows: list[int], ids: list, masks: list, staged: StagedBatch) -> None:
+        """Batch ``rows``' staged states into the writer (or quarantine), in corpus-plan order."""
+        t0 = time.perf_counter()
+        for j, (i, bad) in enumerate(zip(rows, staged.nonfinite())):
+            if bad != (0, 0):
+                writer.quarantine(sid_col[i], split_col[i], lengths[i],
+                                  f"non-finite hidden states: {bad[0]} aux values, {bad[1]} final values")
+                report.quarantined_new += 1
+                continue
+            writer.add_encoded(sid_col[i], split_col[i], ids[j], masks[j], staged.row(j))
+            report.extracted += 1
+            report.tokens_extracted += lengths[i]
+        report.batches += 1
+        report.host_seconds += time.perf_counter() - t0
+        if progress is not None:
+            report.seconds = time.perf_counter() - started
+            progress(report)
+
+    waiting = None  # the batch whose copy to the host runs while the next forward does
     try:
         for batch in plan_batches([lengths[i] for i in good], batch_tokens, getattr(extractor, "max_rows", None),
                                   getattr(extractor, "page_size", 1)):
             rows = [good[j] for j in batch]
             part = todo[rows]  # only this batch's ids become Python lists
+            ids, masks = part["input_ids"].to_list(), part["loss_mask"].to_list()
             t0 = time.perf_counter()
-            feats = extractor.extract(part["input_ids"].to_list())
-            report.forward_seconds += time.perf_counter() - t0
-            for i, feat, ids, mask in zip(rows, feats, part["input_ids"].to_list(), part["loss_mask"].to_list()):
-                why = _nonfinite(feat)
-                if why is not None:
-                    writer.quarantine(sid_col[i], split_col[i], lengths[i], why)
-                    report.quarantined_new += 1
-                    continue
-                writer.add(sid_col[i], split_col[i], ids, mask, feat.aux, feat.last)
-                report.extracted += 1
-                report.tokens_extracted += lengths[i]
-            report.batches += 1
-            if progress is not None:
-                report.seconds = time.perf_counter() - started
-                progress(report)
+            feats = extractor.extract(ids)
+            t1 = time.perf_counter()
+            staged = stage(feats, dtype)
+            del feats
+            report.forward_seconds += t1 - t0
+            report.host_seconds += time.perf_counter() - t1
+            previous, waiting = waiting, (rows, ids, masks, staged)
+            if previous is not None:
+                store(*previous)
+        if waiting is not None:
+            last, waiting = waiting, None
+            store(*last)
         manifest = writer.close({
             "corpus": {"path": str(corpus_parquet), "rows": corpus_rows, "sha256": sha256_file(Path(corpus_parquet))},
             "backend": desc.get("backend"),
             "extraction": {"batch_tokens": batch_tokens, "shard_bytes": shard_bytes},
         })
-    except BaseException:
+    except BaseException as exc:
+        if waiting is not None and isinstance(exc, Exception):
+            try:  # a forward (or the batch before) failed: this batch's states are whole, keep what fills a shard
+                store(*waiting)
+            except Exception:
+                pass
         writer.abort()
         raise
+    report.writer_wait_seconds = writer.wait_seconds
     report.shards_written = writer.stats.shards_written
     report.write_seconds = writer.stats.write_seconds
     report.shards_total = len(manifest["shards"])

@@ -37,9 +37,9 @@ class VLLMServerSpec(BaseModel):
 
     python: str  # the vLLM environment's interpreter on the node
     served_name: str = ""
-    dtype: str = "float32"
+    dtype: str = "float32"  # the target's; auto: bfloat16 where the node sees a GPU, else float32
     max_model_len: int = Field(2048, ge=2)
-    enforce_eager: bool = True
+    enforce_eager: bool | None = True  # None: eager where the node has no GPU
     tensor_parallel_size: int = Field(1, ge=1)
     kv_cache_gib: int = Field(2, ge=1)
     extra_args: list[str] = []
@@ -56,7 +56,8 @@ class ExtractionJob(JobFile):
     corpus: str
     out_dir: str
     layer_ids: list[int] | None = None
-    device: str = "cpu"  # local backend
+    device: str = "auto"  # local backend; auto: cuda where the node sees a GPU, else cpu
+    model_dtype: str = "auto"  # local backend: the target's dtype (auto: bfloat16 on a GPU, float32 on a CPU)
     dtype: Literal["bf16", "fp8"] = "bf16"  # shard storage
     shard_bytes: int = Field(1 << 30, ge=1)
     batch_tokens: int = Field(4096, ge=1)
@@ -70,9 +71,11 @@ def build_extractor(job: ExtractionJob, stack: ExitStack):
     if job.backend == "local":
         from eagle3_assets.hidden_states.extractors import LocalExtractor
 
-        return LocalExtractor(job.model_path, layer_ids=job.layer_ids, device=job.device, target=job.target)
+        return LocalExtractor(job.model_path, layer_ids=job.layer_ids, device=job.device, dtype=job.model_dtype,
+                              target=job.target)
     from eagle3_assets.hidden_states.layers import resolve_layer_ids
     from eagle3_assets.hidden_states.vllm_extractor import VLLMExtractor, vllm_layer_ids
+    from eagle3_assets.target.precision import cuda_available, resolve_dtype
     from eagle3_assets.target.vllm_server import VLLMServer
 
     if job.vllm is None:
@@ -82,9 +85,10 @@ def build_extractor(job: ExtractionJob, stack: ExitStack):
     layers = int((text.get("text_config") or text)["num_hidden_layers"])
     ids = resolve_layer_ids(layers, job.layer_ids)
     extra = [*s.extra_args] + (["--tensor-parallel-size", str(s.tensor_parallel_size)] if s.tensor_parallel_size > 1 else [])
-    server = VLLMServer(job.model_path, role="extract", python=s.python, served_name=s.served_name, dtype=s.dtype,
-                        max_model_len=s.max_model_len, enforce_eager=s.enforce_eager, kv_cache_gib=s.kv_cache_gib,
-                        vllm_layer_ids=vllm_layer_ids(ids, layers), extra_args=extra)
+    server = VLLMServer(job.model_path, role="extract", python=s.python, served_name=s.served_name,
+                        dtype=resolve_dtype(s.dtype), max_model_len=s.max_model_len,
+                        enforce_eager=not cuda_available() if s.enforce_eager is None else s.enforce_eager,
+                        kv_cache_gib=s.kv_cache_gib, vllm_layer_ids=vllm_layer_ids(ids, layers), extra_args=extra)
     server.start()
     stack.callback(server.stop)
     print(f"vLLM extraction server starting on {os.uname().nodename}, log {server.log_path}", flush=True)

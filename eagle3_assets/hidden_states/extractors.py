@@ -66,6 +66,8 @@ class LocalExtractor:
         dtype: str = "float32",
         target: dict | None = None,
     ):
+        """``device``/``dtype`` load ``model_dir`` (``auto`` for either: cuda and bfloat16 where a GPU
+        is visible, else cpu and float32); a ``model`` passed in is used where and as it is."""
         if model is None:
             if model_dir is None:
                 raise ValueError("LocalExtractor needs model_dir or a loaded model")
@@ -111,8 +113,8 @@ class LocalExtractor:
             ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
         mask = None
         if min(lengths) != width:
-            mask = (torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).long()
-            mask = mask.to(self.device)
+            mask = _to_device((torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).long(), self.device)
+        ids = _to_device(ids, self.device)
         captured: dict[int, torch.Tensor] = {}
 
         def hook_for(k):
@@ -124,13 +126,21 @@ class LocalExtractor:
         handles = [layers[k].register_forward_hook(hook_for(k)) for k in self.layer_ids]
         try:
             with torch.inference_mode():
-                out = self.base(input_ids=ids.to(self.device), attention_mask=mask, use_cache=False)
+                out = self.base(input_ids=ids, attention_mask=mask, use_cache=False)
                 last = out.last_hidden_state
                 aux = torch.cat([captured[k] for k in self.layer_ids], dim=-1)
         finally:
             for h in handles:
                 h.remove()
         return [Features(aux[i, :n], last[i, :n]) for i, n in enumerate(lengths)]
+
+
+def _to_device(x, device):
+    """A host tensor on ``device``; to a GPU from pinned memory without blocking this thread (a plain
+    copy would wait for the device to finish the work queued before it: the last batch)."""
+    if device.type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
 
 
 def forward_only(model, rows: Sequence[Sequence[int]], pad_id: int = 0) -> None:

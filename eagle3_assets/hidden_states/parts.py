@@ -76,7 +76,7 @@ def combine_reports(reports: list, cls):
     out = cls(out_dir=reports[0].out_dir)
     for f in fields(cls):
         values = [getattr(r, f.name) for r in reports]
-        if f.name in ("seconds", "forward_seconds", "write_seconds"):
+        if f.name == "seconds" or f.name.endswith("_seconds"):
             setattr(out, f.name, max(values))
         elif f.name == "preflight":
             setattr(out, f.name, values[0])

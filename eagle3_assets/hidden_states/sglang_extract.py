@@ -50,7 +50,7 @@ class SGLangExtractionJob(JobFile):
     max_rows: int = Field(256, ge=1)  # requests per forward (the request pool's size)
     max_length: int | None = Field(None, ge=1)  # the target's context: longer rows are quarantined, never run
     retry_quarantined: bool = False
-    model_dtype: str = "auto"  # SGLang's --dtype
+    model_dtype: str = "auto"  # the target's dtype; auto: bfloat16 where the rank sees a GPU, else float32
     trust_remote_code: bool = False
     server_args: dict = Field(default_factory=dict)  # further ServerArgs fields (e.g. mem_fraction_static)
     nodes: int = Field(1, ge=1)  # >1: a TP group per node (SLURM_PROCID), each its share into parts/
@@ -70,10 +70,11 @@ def longest_row(job: SGLangExtractionJob) -> int:
 def sglang_capture(job: SGLangExtractionJob, group: Group, layer_ids: list[int]):
     """The real capture: this rank's SGLang model, its KV pool sized from the longest row."""
     from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
+    from eagle3_assets.target.precision import resolve_dtype
 
     return SGLangCapture(job.model_path, layer_ids=layer_ids, tp_rank=group.rank, tp_size=group.world_size,
                          gpu_id=group.local_rank, batch_tokens=job.batch_tokens, longest_row=longest_row(job),
-                         max_rows=job.max_rows, dtype=job.model_dtype, trust_remote_code=job.trust_remote_code,
+                         max_rows=job.max_rows, dtype=resolve_dtype(job.model_dtype), trust_remote_code=job.trust_remote_code,
                          server_args=job.server_args, nccl_port=int(os.environ.get("MASTER_PORT", "0")))
 
 

@@ -25,8 +25,9 @@ def torchrun_command(job_path: Path, tp_size: int) -> list[str]:
             "-m", "eagle3_assets.hidden_states.sglang_extract", "--config", str(job_path), *capture_args()]
 
 
-def write_sglang_job(config, spec, corpus: Path, out: Path, nodes: int = 1) -> Path:
-    """The job file every rank reads, beside the dataset's hidden-state directory."""
+def write_sglang_job(config, spec, corpus: Path, out: Path, nodes: int = 1, model_dtype: str = "auto") -> Path:
+    """The job file every rank reads, beside the dataset's hidden-state directory; ``model_dtype`` is
+    the target's (``auto`` stays so in the file and is resolved on the rank's own machine)."""
     text = spec.text_config
     job = SGLangExtractionJob(
         model_path=str(spec.model_dir), corpus=str(corpus), out_dir=str(out), target=spec.identity,
@@ -34,7 +35,7 @@ def write_sglang_job(config, spec, corpus: Path, out: Path, nodes: int = 1) -> P
         vocab_size=int(text["vocab_size"]), layer_ids=config.layer_ids or None, tp_size=config.tp_size,
         dtype=config.dtype, shard_bytes=config.shard_bytes, batch_tokens=config.batch_tokens,
         retry_quarantined=config.retry_quarantined, trust_remote_code=spec.trust_remote_code,
-        max_length=spec.context_length, nodes=nodes,
+        max_length=spec.context_length, nodes=nodes, model_dtype=model_dtype,
     )
     out.mkdir(parents=True, exist_ok=True)
     job_path = out.parent / f".{out.name}.{JOB_FILE}"
@@ -42,9 +43,10 @@ def write_sglang_job(config, spec, corpus: Path, out: Path, nodes: int = 1) -> P
     return job_path
 
 
-def launch_sglang_extraction(context: dg.AssetExecutionContext, config, spec, corpus: Path, out: Path) -> ExtractionReport:
+def launch_sglang_extraction(context: dg.AssetExecutionContext, config, spec, corpus: Path, out: Path,
+                             model_dtype: str = "auto") -> ExtractionReport:
     """Extract ``corpus`` into ``out`` on ``config.tp_size`` GPUs; returns rank 0's report."""
-    command = torchrun_command(write_sglang_job(config, spec, corpus, out), config.tp_size)
+    command = torchrun_command(write_sglang_job(config, spec, corpus, out, model_dtype=model_dtype), config.tp_size)
     context.log.info(f"SGLang extraction on {config.tp_size} GPU(s): {' '.join(command)}")
     dg.PipesSubprocessClient().run(context=context, command=command, env=dict(os.environ)).get_results()
     return load_report(out)

@@ -9,17 +9,21 @@ token and tensor, scale = amax/448) costs 4H + 8.
 Crash safety: a shard is streamed to a temporary file, fsync'd and renamed into place, and only
 then recorded in ``progress.jsonl`` (one fsync'd line per shard). On restart, shards listed there
 are kept untouched; samples that were buffered for an unfinished shard are simply redone, and a
-shard file that never made it into the progress file is removed. Samples whose states are not
+shard file that never made it into the progress file is removed. Several shards may be in flight
+at once (``max_inflight`` writer threads): each is recorded when its own fsync is done, whatever
+the order, so a kill loses the shards in flight and never records a sample twice. Samples whose states are not
 finite are quarantined: recorded in the progress file, the index and the manifest, never written
 and never silently dropped.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import json
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +31,8 @@ from pathlib import Path
 import polars as pl
 
 from eagle3_assets.files import write_parquet_atomic
-from eagle3_assets.hidden_states.encoding import encode_sample, write_safetensors
+from eagle3_assets.hidden_states.encoding import encode_ids, encode_sample, write_safetensors
+from eagle3_assets.hidden_states.journal import fsync_dir, now_iso, read_progress
 from eagle3_assets.hidden_states.sizing import check_dtype
 
 FORMAT = "eagle3-hidden-states/1"
@@ -42,37 +47,6 @@ INDEX_SCHEMA = {
     "sample_id": pl.Utf8, "split": pl.Utf8, "shard": pl.Utf8, "sample_pos": pl.Int32,
     "offset": pl.Int64, "length": pl.Int32, "quarantined": pl.Boolean, "reason": pl.Utf8,
 }
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-# ---- progress file --------------------------------------------------------------------------
-
-def read_progress(path: Path) -> list[dict]:
-    """Complete records of the progress file; a torn last line (crash mid-append) is cut off."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    keep = data.rfind(b"\n") + 1
-    if keep < len(data):
-        with path.open("r+b") as fh:
-            fh.truncate(keep)
-    return [json.loads(line) for line in data[:keep].decode("utf-8").splitlines() if line.strip()]
 
 
 @dataclass
@@ -100,8 +74,10 @@ class WriterStats:
 class ShardWriter:
     """Accumulates samples, writes a shard whenever ``shard_bytes`` would be exceeded.
 
-    Shard writes run on one background thread (at most one in flight), so extraction of the
-    next batch overlaps the write, hash and fsync of the previous shard.
+    Shard writes run on ``max_inflight`` background threads, so extraction of the next batches
+    overlaps the write, hash and fsync of earlier shards, and one shard's fsync overlaps the next
+    one's write. A full queue makes :meth:`flush` wait for the oldest shard, so the host holds at
+    most ``(1 + max_inflight) * shard_bytes`` of buffered samples.
     """
 
     def __init__(
@@ -114,6 +90,7 @@ class ShardWriter:
         n_aux: int = 3,
         meta: dict | None = None,
         background: bool = True,
+        max_inflight: int = 2,
     ):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -126,8 +103,11 @@ class ShardWriter:
         self._pending: list[_Pending] = []
         self._pending_bytes = 0
         self._pending_ids: set[str] = set()
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, "shard-writer") if background else None
-        self._inflight: concurrent.futures.Future | None = None
+        self.max_inflight = max(1, int(max_inflight))
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.max_inflight, "shard-writer") if background else None
+        self._inflight: collections.deque[concurrent.futures.Future] = collections.deque()
+        self._lock = threading.Lock()  # the progress file and the records the writer threads update
+        self.wait_seconds = 0.0  # time the caller spent waiting for a free writer (the queue was full)
         self._settings = self._check_settings()
         self._load()
 
@@ -193,7 +173,7 @@ class ShardWriter:
         os.replace(tmp, path)
 
     def _append_progress(self, record: dict) -> None:
-        with open(self.dir / PROGRESS, "a", encoding="utf-8") as fh:
+        with self._lock, open(self.dir / PROGRESS, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
@@ -201,55 +181,77 @@ class ShardWriter:
     # -- adding samples --------------------------------------------------------------------
 
     def is_done(self, sample_id: str) -> bool:
-        return sample_id in self.done_ids or sample_id in self.quarantined or sample_id in self._pending_ids
+        with self._lock:
+            return sample_id in self.done_ids or sample_id in self.quarantined or sample_id in self._pending_ids
+
+    def _check(self, sample_id: str, t: int, aux, last, mask_len: int) -> None:
+        if self.is_done(sample_id):
+            raise ValueError(f"sample {sample_id} is already stored, queued or quarantined")
+        width = self.n_aux * self.hidden
+        if tuple(aux.shape) != (t, width) or tuple(last.shape) != (t, self.hidden) or mask_len != t:
+            raise ValueError(
+                f"sample {sample_id}: expected aux [{t}, {width}], last [{t}, {self.hidden}], "
+                f"mask [{t}]; got {tuple(aux.shape)}, {tuple(last.shape)}, [{mask_len}]"
+            )
 
     def add(self, sample_id: str, split: str, input_ids, loss_mask, aux, last) -> None:
         """Queue one sample's states ([T, 3H] and [T, H]); may write a shard."""
-        if self.is_done(sample_id):
-            raise ValueError(f"sample {sample_id} is already stored, queued or quarantined")
-        t = len(input_ids)
-        width = self.n_aux * self.hidden
-        if tuple(aux.shape) != (t, width) or tuple(last.shape) != (t, self.hidden) or len(loss_mask) != t:
-            raise ValueError(
-                f"sample {sample_id}: expected aux [{t}, {width}], last [{t}, {self.hidden}], "
-                f"mask [{t}]; got {tuple(aux.shape)}, {tuple(last.shape)}, [{len(loss_mask)}]"
-            )
-        tensors = encode_sample(input_ids, loss_mask, aux, last, self.dtype)
+        self._check(sample_id, len(input_ids), aux, last, len(loss_mask))
+        self._queue(sample_id, split, encode_sample(input_ids, loss_mask, aux, last, self.dtype))
+
+    def add_encoded(self, sample_id: str, split: str, input_ids, loss_mask, states: dict) -> None:
+        """Queue one sample whose states are storage tensors already (:mod:`~.staging`'s row views:
+        ``aux_hidden``, ``last_hidden`` and in fp8 their scales, on the host); may write a shard."""
+        self._check(sample_id, len(input_ids), states["aux_hidden"], states["last_hidden"], len(loss_mask))
+        want = {"aux_hidden", "last_hidden"} | ({"aux_scale", "last_scale"} if self.dtype == "fp8" else set())
+        if set(states) != want:
+            raise ValueError(f"sample {sample_id}: {self.dtype} storage needs {sorted(want)}, got {sorted(states)}")
+        self._queue(sample_id, split, {**encode_ids(input_ids, loss_mask), **states})
+
+    def _queue(self, sample_id: str, split: str, tensors: dict) -> None:
+        t = int(tensors["input_ids"].shape[0])
         nbytes = sum(x.numel() * x.element_size() for x in tensors.values()) + 8
         if self._pending and self._pending_bytes + nbytes > self.shard_bytes:
             self.flush()
         self._pending.append(_Pending(sample_id, split, tensors, t, nbytes))
-        self._pending_ids.add(sample_id)
+        with self._lock:
+            self._pending_ids.add(sample_id)
         self._pending_bytes += nbytes
 
     def quarantine(self, sample_id: str, split: str, length: int, reason: str) -> None:
         """Record a sample that will not be written, with why; it is listed, never lost."""
         rec = {"kind": "quarantine", "sample_id": sample_id, "split": split, "length": int(length),
                "reason": reason, "at": now_iso()}
-        self._wait()  # keep progress appends ordered with the background writer
-        self._append_progress(rec)
+        self._append_progress(rec)  # under the lock the writer threads append with
         self.quarantined[sample_id] = rec
         self.stats.quarantined_new += 1
 
     # -- writing shards --------------------------------------------------------------------
 
-    def _wait(self) -> None:
-        if self._inflight is not None:
-            fut, self._inflight = self._inflight, None
+    def _wait(self, keep: int = 0) -> None:
+        """Until at most ``keep`` shards are in flight (oldest first); a failed write raises here."""
+        while len(self._inflight) > keep:
+            fut = self._inflight.popleft()
+            if not fut.done():
+                t0 = time.perf_counter()
+                concurrent.futures.wait([fut])
+                self.wait_seconds += time.perf_counter() - t0
             fut.result()
 
     def flush(self) -> None:
-        """Hand the buffered samples to the writer thread as one shard."""
+        """Hand the buffered samples to a writer thread as one shard (waiting for a free one)."""
         if not self._pending:
             return
         batch, self._pending, self._pending_bytes = self._pending, [], 0
         name = f"shard-{self._next:05d}.safetensors"
         self._next += 1
-        self._wait()
         if self._pool is None:
             self._write_shard(name, batch)
-        else:
-            self._inflight = self._pool.submit(self._write_shard, name, batch)
+            return
+        while self._inflight and self._inflight[0].done():  # surface a failed write early
+            self._inflight.popleft().result()
+        self._wait(keep=self.max_inflight - 1)
+        self._inflight.append(self._pool.submit(self._write_shard, name, batch))
 
     def _write_shard(self, name: str, batch: list[_Pending]) -> None:
         import torch
@@ -272,21 +274,22 @@ class ShardWriter:
         tmp = self.dir / f".{name}.tmp-{os.getpid()}"
         size, digest, payload = write_safetensors(tmp, tensors, meta)
         os.replace(tmp, final)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         rec = {"kind": "shard", "file": name, "bytes": size, "payload_bytes": payload, "sha256": digest,
                "tokens": n, "n_samples": len(batch), "at": now_iso(),
                "samples": [[s.sample_id, s.split, offsets[i], s.tokens] for i, s in enumerate(batch)]}
         self._append_progress(rec)
-        self.shards.append(rec)
-        self.done_ids.update(s.sample_id for s in batch)
-        self._pending_ids.difference_update(s.sample_id for s in batch)
-        self.stats.shards_written += 1
-        self.stats.samples_written += len(batch)
-        self.stats.tokens_written += n
-        self.stats.write_seconds += time.perf_counter() - t0
+        with self._lock:
+            self.shards.append(rec)
+            self.done_ids.update(s.sample_id for s in batch)
+            self._pending_ids.difference_update(s.sample_id for s in batch)
+            self.stats.shards_written += 1
+            self.stats.samples_written += len(batch)
+            self.stats.tokens_written += n
+            self.stats.write_seconds += time.perf_counter() - t0
 
     def abort(self) -> None:
-        """After a failure: finish the shard in flight, drop the buffered samples (they redo)."""
+        """After a failure: finish the shards in flight, drop the buffered samples (they redo)."""
         try:
             self._wait()
         finally:
@@ -322,9 +325,13 @@ class ShardWriter:
             del self.quarantined[sid]
         return True
 
+    def ordered_shards(self) -> list[dict]:
+        """The shard records by shard number: writer threads may finish (and record) out of order."""
+        return sorted(self.shards, key=lambda r: int(SHARD_RE.match(r["file"]).group(1)))
+
     def index_frame(self) -> pl.DataFrame:
         rows = []
-        for rec in self.shards:
+        for rec in self.ordered_shards():
             for pos, (sid, split, off, length) in enumerate(rec["samples"]):
                 rows.append((sid, split, rec["file"], pos, off, length, False, None))
         for sid, rec in self.quarantined.items():
@@ -374,7 +381,7 @@ class ShardWriter:
             "payload_bytes": payload,
             "bytes_per_token": size / tokens if tokens else None,
             "shards": [{k: r[k] for k in ("file", "bytes", "payload_bytes", "sha256", "tokens", "n_samples")}
-                       for r in self.shards],
+                       for r in self.ordered_shards()],
             "index": INDEX,
             "created_at": self._settings.get("created_at"),
             "updated_at": now_iso(),

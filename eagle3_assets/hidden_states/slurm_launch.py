@@ -34,7 +34,8 @@ def vllm_server_spec(config, target, vllm, slurm, corpus, spec) -> VLLMServerSpe
     if spec.context_length:
         need = min(need, spec.context_length)
     return VLLMServerSpec(python=slurm.vllm_python or default_python(), served_name=spec.served_name,
-                          dtype=target.dtype, max_model_len=need, enforce_eager=target.device == "cpu",
+                          dtype=target.dtype, max_model_len=need,
+                          enforce_eager=None if target.device == "auto" else target.device == "cpu",
                           tensor_parallel_size=config.tp_size, extra_args=list(config.vllm_server_args),
                           concurrency=vllm.extraction_concurrency)
 
@@ -50,20 +51,21 @@ def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, ta
             if tasks != nodes:
                 raise ValueError(f"a TP group per node runs one task per node; the job has {tasks} tasks on "
                                  f"{nodes} nodes (set slurm.tasks_per_node: 1, or tp_across_nodes: true)")
-            job_path = write_sglang_job(config, spec, corpus, out, nodes=nodes)
+            job_path = write_sglang_job(config, spec, corpus, out, nodes=nodes, model_dtype=target.dtype)
             return Launch(name, "eagle3_assets.hidden_states.sglang_extract",
                           ["--config", str(job_path), *capture_args()], procs=config.tp_size, per_node=True,
                           exports=forwarded_env())
         if config.tp_size % tasks:
             raise ValueError(f"tp_size {config.tp_size} does not divide over the job's {tasks} task(s)")
-        job_path = write_sglang_job(config, spec, corpus, out)
+        job_path = write_sglang_job(config, spec, corpus, out, model_dtype=target.dtype)
         return Launch(name, "eagle3_assets.hidden_states.sglang_extract", ["--config", str(job_path), *capture_args()],
                       procs=config.tp_size // tasks, exports=forwarded_env())
     if config.backend not in ("local", "vllm"):
         raise ValueError(f"unknown hidden-state backend {config.backend!r} (expected 'local', 'sglang' or 'vllm')")
     job = ExtractionJob(
         backend=config.backend, model_path=str(spec.model_dir), target=spec.identity, corpus=str(corpus),
-        out_dir=str(out), layer_ids=config.layer_ids or None, device=target.device, dtype=config.dtype,
+        out_dir=str(out), layer_ids=config.layer_ids or None, device=target.device, model_dtype=target.dtype,
+        dtype=config.dtype,
         shard_bytes=config.shard_bytes, batch_tokens=config.batch_tokens, retry_quarantined=config.retry_quarantined,
         threads=target.threads,
         vllm=vllm_server_spec(config, target, vllm, slurm, corpus, spec) if config.backend == "vllm" else None,

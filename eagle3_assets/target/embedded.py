@@ -102,7 +102,9 @@ class EmbeddedModel:
 
         self.model_dir = Path(model_dir)
         self.name = self.model_dir.name
-        self.device = device
+        from eagle3_assets.target.precision import resolve_device
+
+        self.device = device = resolve_device(device)
         self.target_tokenizer = tokenizer if tokenizer is not None else TargetTokenizer.load(self.model_dir)
         self.tokenizer = self.target_tokenizer.tokenizer
         self.model = load_causal_lm(self.model_dir, dtype=dtype, device=device)

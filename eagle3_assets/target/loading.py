@@ -26,13 +26,17 @@ def is_wrapped(config: dict) -> bool:
 
 def load_causal_lm(model_dir: Path | str, *, dtype: str = "float32", device: str = "cpu",
                    trust_remote_code: bool = False):
-    """The target's causal language model (transformers), in eval mode on ``device``."""
+    """The target's causal language model (transformers), in eval mode on ``device``, its weights in
+    ``dtype`` (``auto`` for either: :mod:`~eagle3_assets.target.precision`)."""
     import torch
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from eagle3_assets.target.precision import resolve_device, resolve_dtype
+
     model_dir = Path(model_dir)
-    torch_dtype = getattr(torch, dtype)
+    device = resolve_device(device)
+    torch_dtype = getattr(torch, resolve_dtype(dtype, device))
     if not is_wrapped(read_config(model_dir)):
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, trust_remote_code=trust_remote_code)
     else:
