@@ -211,3 +211,22 @@ def test_build_drafter_on_the_meta_device_draws_what_init_weights_draws():
     assert torch.equal(old.rotary.inv_freq, new.rotary.inv_freq)
     half = build_drafter(model.config, emb, seed=3, embed_dtype=torch.bfloat16)
     assert half.embed_tokens.weight.dtype == torch.bfloat16 and half.fc.weight.dtype == torch.float32
+
+
+def test_the_asset_plans_before_launching_and_refuses_what_cannot_fit():
+    from pathlib import Path
+
+    from eagle3_assets.drafter.assets import DrafterTrainingConfig, preflight_memory
+    from eagle3_assets.drafter.recipes import parse_recipe
+    from eagle3_assets.drafter.training.config import TrainJob
+    from eagle3_assets.drafter.training.job import MemoryPlanError
+
+    recipe = parse_recipe(Path(__file__).resolve().parents[1] / "docs" / "recipes" / "kimi-k2.5.toml")
+    job = TrainJob(target_dir="unused", out_dir="unused", datasets={}, training=recipe.training, shape=recipe.shape)
+    target = {"text_config": {**KIMI_K25}}
+    h100 = preflight_memory("kimi-k2.5", job, target, DrafterTrainingConfig(gpu_memory_gib=79.6, nproc_per_node=8))
+    assert h100.fits() and h100.memory.micro_batch_tokens == 2 * 8192
+    with pytest.raises(MemoryPlanError, match=r"recipe kimi-k2.5: the training step does not fit.*'max_length' \(now 8,192\)"):
+        preflight_memory("kimi-k2.5", job, target, DrafterTrainingConfig(gpu_memory_gib=24, nproc_per_node=8))
+    if not torch.cuda.is_available():  # no GPU named and none here: each rank plans on its own device
+        assert preflight_memory("kimi-k2.5", job, target, DrafterTrainingConfig()) is None
