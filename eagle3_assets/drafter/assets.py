@@ -13,11 +13,11 @@ import sys
 import dagster as dg
 
 from eagle3_assets.drafter.evaluate import eval_prompts, evaluate_drafter, train_split_sizes
+from eagle3_assets.drafter.kinds import get_kind
 from eagle3_assets.drafter.recipes import RecipeError, list_recipes, load_recipe
 from eagle3_assets.hidden_states.assets import hidden_states
 from eagle3_assets.launchers import Launcher
 from eagle3_assets.metadata import md_table
-from eagle3_assets.target.engines import drafter_layout_notes
 from resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource
 
 recipe_partitions = dg.StaticPartitionsDefinition(list_recipes() or ["demo"])
@@ -104,7 +104,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     out.mkdir(parents=True, exist_ok=True)
     spec = target.spec()
     try:
-        notes = drafter_layout_notes(spec.config, recipe.shape.attention)
+        notes = get_kind(recipe.shape.attention).target_notes(spec.config)
     except ValueError as exc:
         raise RecipeError(f"recipe {recipe.name}: field 'attention': {exc}") from None
     for note in notes:

@@ -56,7 +56,7 @@ def split_batch(batch: dict, micro_batch_tokens: int) -> list[dict]:
 # ----------------------------------------------------------------------------- the estimate
 #
 # Bytes autograd keeps for backward, per real token and TTT step, read off the step's code
-# (drafter/model.py, drafter/mla.py, drafter/contexts.py, drafter/packing.py, training/loss.py).
+# (drafter/model.py, drafter/kinds/mla/attention.py, drafter/contexts.py, drafter/packing.py, training/loss.py).
 # ``c`` is the compute dtype's size (4: float32; 2: bf16 autocast, where each linear keeps a bf16
 # copy of its input and each RMSNorm a float32 copy of its own); ``s`` is the TTT step.
 
