@@ -122,3 +122,21 @@ def test_an_export_no_kind_recognises_is_judged_by_the_default_kind(tmp_path):
     assert kinds.kind_of_export({"architectures": ["SomethingElse"]}).name == kinds.DEFAULT_KIND
     with pytest.raises(ValueError, match="not a one-layer LlamaForCausalLMEagle3 export"):
         export_entry.load_sglang(tmp_path, torch.zeros(1, 1))
+
+
+def test_the_architecture_page_names_the_files_a_new_kind_touches():
+    """docs/architecture.md's steps for a new drafter kind name files and registry entries that exist."""
+    import re
+
+    from eagle3_assets.paths import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    step = text[text.index("- **A new drafter kind**"):]
+    step = step[:step.index("\n- **", 1)]
+    paths = set(re.findall(r"`((?:drafter|kinds)/[\w/.]*)`", step))
+    assert {"kinds/llama.py", "kinds/mla/", "drafter/kinds/__init__.py", "drafter/export.py"} <= paths
+    for path in paths:
+        assert (REPO_ROOT / "eagle3_assets" / ("drafter/" + path if path.startswith("kinds/") else path)).exists(), path
+    for field in kinds.DrafterKind.__dataclass_fields__:  # every part of a kind is named in the step
+        assert field in ("name", "attention") or f"`{field}`" in step, field
+    assert "`KINDS`" in step and "`DrafterKind`" in step
