@@ -28,6 +28,18 @@ DEFAULT_KIND = "llama"  # the kind an export no kind recognises is judged by (it
 
 
 @dataclass(frozen=True)
+class AttentionMemory:
+    """A kind's attention in ``drafter/training/memory_plan.py``: ``kernel(cfg, device_type)`` ("math"
+    or "fused"), ``step_bytes(cfg, s, c, kernel)`` (what TTT step ``s`` keeps per token, ``c`` the
+    compute dtype's size) and ``kept_keys_bytes(cfg, c)`` (per token, kept for later steps under
+    recomputation)."""
+
+    kernel: Callable[[Any, str], str]
+    step_bytes: Callable[[Any, int, int, str], int]
+    kept_keys_bytes: Callable[[Any, int], int]
+
+
+@dataclass(frozen=True)
 class DrafterKind:
     """What one kind of drafter provides.
 
@@ -43,7 +55,9 @@ class DrafterKind:
       (``options``: vLLM's ``verifier``, ``verifier_architectures``, ``speculative_tokens``);
     - ``load(export_dir, embeddings, *, engine)``: the drafter rebuilt from those files alone;
     - ``check(export_dir, engine) -> [problem]``: what the engine's loader would refuse or misread;
-    - ``recognises(config_json) -> bool``: an export's ``config.json`` is of this kind.
+    - ``recognises(config_json) -> bool``: an export's ``config.json`` is of this kind;
+    - ``memory``: its attention's terms in the training memory estimate (``AttentionMemory``);
+      None: the estimate's own Llama GQA terms (q, k, v of ``head_dim``) fit it.
     """
 
     name: str
@@ -55,6 +69,7 @@ class DrafterKind:
     load: Callable[..., Any]
     check: Callable[[Path, str], list[str]]
     recognises: Callable[[dict], bool]
+    memory: AttentionMemory | None = None
 
 
 def kind_names() -> tuple[str, ...]:

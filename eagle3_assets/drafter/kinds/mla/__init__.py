@@ -1,6 +1,7 @@
 """The MLA drafter (``attention = "mla"``): the target's own multi-head latent attention
 (DeepSeek-V3 / Kimi-K2.5) in the one EAGLE-3 layer (``attention.py``), exported as the DeepSeek
-EAGLE-3 draft both engines load (``export.py``).
+EAGLE-3 draft both engines load (``export.py``), its terms in the training memory estimate
+(``memory.py``).
 
 Its layout rule: neither engine's DeepSeek EAGLE-3 drafter (``Eagle3DeepseekV2ForCausalLM``) has
 a norm before ``fc``, so ``norm_before_fc`` is refused whatever the engines. Its target rule: it
@@ -9,7 +10,8 @@ copies the target's MLA sizes, so it needs an MLA target.
 
 from __future__ import annotations
 
-from eagle3_assets.drafter.kinds import DrafterKind
+from eagle3_assets.drafter.kinds import AttentionMemory, DrafterKind
+from eagle3_assets.drafter.kinds.mla import memory
 from eagle3_assets.drafter.kinds.mla.attention import MLAAttention, mla_shape
 from eagle3_assets.drafter.kinds.mla.export import check_mla_export, export_mla, is_mla_export, load_mla
 
@@ -42,4 +44,5 @@ KIND = DrafterKind(
     load=load_mla,
     check=check_mla_export,
     recognises=is_mla_export,
+    memory=AttentionMemory(kernel=memory.kernel, step_bytes=memory.step_bytes, kept_keys_bytes=memory.kept_keys_bytes),
 )
