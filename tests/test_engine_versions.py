@@ -7,7 +7,8 @@ import stat
 
 import pytest
 
-from eagle3_assets.target.engines import drafter_layout_notes, pairing_problem, version_problem
+from eagle3_assets.drafter.kinds import get_kind
+from eagle3_assets.target.engines import pairing_problem, version_problem
 from eagle3_assets.target.vllm_server import VLLMServer, VLLMServerError, engine_info
 
 K25 = {"model_type": "kimi_k25", "architectures": ["KimiK25ForConditionalGeneration"],
@@ -42,10 +43,11 @@ def test_layouts_each_engine_cannot_serve():
     assert pairing_problem(K25, MLA_DRAFT, engine="vllm", cpu_build=True) is None
     assert "needs an MLA target" in pairing_problem(LLAMA, MLA_DRAFT, engine="vllm")
     assert "q_lora_rank" in pairing_problem(K25, {**MLA_DRAFT, "q_lora_rank": None}, engine="sglang")
-    assert "vLLM's CPU build does not" in drafter_layout_notes(K25, "llama")[0]
-    assert drafter_layout_notes(K25, "mla") == [] and drafter_layout_notes(LLAMA, "llama") == []
+    llama, mla = get_kind("llama"), get_kind("mla")  # what each drafter kind says of a target before training
+    assert "vLLM's CPU build does not" in llama.target_notes(K25)[0]
+    assert mla.target_notes(K25) == [] and llama.target_notes(LLAMA) == []
     with pytest.raises(ValueError, match="needs an MLA target"):
-        drafter_layout_notes(LLAMA, "mla")
+        mla.target_notes(LLAMA)
 
 
 def test_the_server_refuses_a_too_old_vllm_before_starting(tmp_path):

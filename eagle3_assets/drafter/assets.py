@@ -13,10 +13,11 @@ import sys
 import dagster as dg
 
 from eagle3_assets.drafter.evaluate import eval_prompts, evaluate_drafter, train_split_sizes
+from eagle3_assets.drafter.kinds import get_kind
 from eagle3_assets.drafter.recipes import RecipeError, list_recipes, load_recipe
 from eagle3_assets.hidden_states.assets import hidden_states
+from eagle3_assets.launchers import Launcher
 from eagle3_assets.metadata import md_table
-from eagle3_assets.target.engines import drafter_layout_notes
 from resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource
 
 recipe_partitions = dg.StaticPartitionsDefinition(list_recipes() or ["demo"])
@@ -29,7 +30,7 @@ class DrafterTrainingConfig(dg.Config):
     dtype: str = "auto"  # compute dtype: auto is bf16 autocast on GPU, fp32 on CPU
     loader_workers: int = -1  # DataLoader workers per rank reading shards (-1: 2 on GPU, 0 on CPU)
     resume: bool = True
-    launcher: str = "local"  # "local" (this machine) or "slurm" (one job: torchrun under srun on every task)
+    launcher: Launcher = "local"  # "local" (this machine) or "slurm" (one job: torchrun under srun on every task)
     slurm: SlurmJobConfig = SlurmJobConfig()  # launcher slurm: this launch's job shape over the resource's
     # The step's memory layout (docs/training.md#memory): -1 / "auto" lets the plan choose on a GPU
     micro_batch_tokens: int = -1  # real tokens per forward/backward (0: the rank's whole batch)
@@ -77,8 +78,6 @@ def launch_training(context, config: DrafterTrainingConfig, slurm: SlurmResource
                         exports=forwarded_env())
         context.log.info(f"training {recipe}: {samples:.0f} samples per epoch, on SLURM")
         return slurm.client(layout, config.slurm).run(context=context, launch=launch)
-    if config.launcher != "local":
-        raise ValueError(f"unknown launcher {config.launcher!r} (expected 'local' or 'slurm')")
     trainer = [sys.executable, *module]
     if config.nproc_per_node > 1:
         trainer = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -105,7 +104,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     out.mkdir(parents=True, exist_ok=True)
     spec = target.spec()
     try:
-        notes = drafter_layout_notes(spec.config, recipe.shape.attention)
+        notes = get_kind(recipe.shape.attention).target_notes(spec.config)
     except ValueError as exc:
         raise RecipeError(f"recipe {recipe.name}: field 'attention': {exc}") from None
     for note in notes:

@@ -1,26 +1,15 @@
-"""Serving exports of a trained drafter, and loaders that rebuild it from those files alone.
+"""Serving exports of a trained drafter, and loaders that rebuild it from those files alone, for
+every drafter kind: each entry point looks the kind up in the registry (``drafter/kinds``) and
+hands over, so this module names no kind.
 
-SGLang (``--speculative-algorithm EAGLE3 --speculative-draft-model-path <dir>``), the layout of
-``LlamaForCausalLMEagle3``:
+- the kind of a model is its ``config.attention``; of an export, the kind that recognises its
+  ``config.json`` (``kind_of_export``; the default, Llama-style kind judges an export none does);
+- SGLang: ``--speculative-algorithm EAGLE3 --speculative-draft-model-path <dir>``;
+- vLLM: ``vllm serve <dir>`` pairs it with the verifier (``verifier``, ``verifier_architectures``
+  and ``speculative_tokens`` go to a kind that writes a speculators config).
 
-- ``config.json``: architectures ``["LlamaForCausalLMEagle3"]``, ``model_type`` llama, one
-  hidden layer, the target's ``vocab_size`` and ``max_position_embeddings``, ``draft_vocab_size``,
-  legacy ``rope_theta``/``rope_scaling`` (SGLang reads those) and an equal ``rope_parameters``
-  (transformers 5, vLLM), with the target's yarn scaling in the keys every reader agrees on
-  (``drafter/rope.py``),
-  ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang's "output of layer k" ids; the
-  target reads them from here to know what to capture), ``torch_dtype``;
-- ``model.safetensors``: ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight`` in
-  ``torch_dtype``, ``d2t`` int64, ``t2d`` bool, and no ``embed_tokens`` (SGLang uses the
-  target's).
-
-vLLM / speculators (``vllm serve <dir>`` pairs it with the verifier): a speculators config
-(``speculators_model_type`` eagle3, ``transformer_layer_config``, ``speculators_config``) whose
-``eagle_aux_hidden_state_layer_ids`` use vLLM's numbering (our id + 1), every speculators-only
-option set off (``norm_before_residual`` and friends: vLLM defaults some of them *on*, which
-would run a different network than was trained) but ``norm_before_fc`` when the drafter has that
-norm (``input_norm.weight``; vLLM only, see ``layouts.py``), and weights named ``layers.0.*`` with the
-frozen ``embed_tokens.weight`` included, as speculators checkpoints carry it.
+The layouts themselves are the kinds' own: ``drafter/kinds/llama.py`` (``LlamaForCausalLMEagle3``
+and speculators ``Eagle3Speculator``) and ``drafter/kinds/mla/`` (``Eagle3DeepseekV2ForCausalLM``).
 """
 
 from __future__ import annotations
@@ -30,189 +19,43 @@ from pathlib import Path
 
 import torch
 
-from eagle3_assets.drafter.export_files import DTYPES, export_weights, rebuild_drafter, write_dir_atomic
-from eagle3_assets.drafter.export_mla import check_mla_export, export_mla, is_mla_export, load_mla
-from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
-from eagle3_assets.drafter.rope import export_rope_problems, rope_fields
-
-SGLANG_ARCH = "LlamaForCausalLMEagle3"
-SPECULATORS_ARCH = "Eagle3Speculator"
-SPECULATORS_VERSION = "0.4.0"
-SGLANG_REQUIRED = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
-UNSUPPORTED_VLLM_FLAGS = ("norm_before_residual", "fc_norm", "norm_output")  # speculators options this drafter lacks
+from eagle3_assets.drafter.kinds import get_kind, kind_of_export
+from eagle3_assets.drafter.model import Eagle3Drafter
 
 
-# ----------------------------------------------------------------------------- helpers
-
-
-def _llama_fields(cfg: DrafterConfig) -> dict:
-    """The Llama config fields both serving engines read for the one draft layer."""
-    return {
-        "model_type": "llama",
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "num_hidden_layers": 1,
-        "hidden_act": cfg.hidden_act,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        **rope_fields(cfg.rope_theta, cfg.rope_scaling),
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "vocab_size": cfg.vocab_size,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-    }
-
-
-def _config_from_llama(llama: dict, draft_vocab_size: int, target_hidden_size: int, aux_ids: list[int],
-                       norm_before_fc: bool = False) -> DrafterConfig:
-    return DrafterConfig(
-        hidden_size=llama["hidden_size"], intermediate_size=llama["intermediate_size"],
-        num_attention_heads=llama["num_attention_heads"], num_key_value_heads=llama["num_key_value_heads"],
-        head_dim=llama.get("head_dim") or llama["hidden_size"] // llama["num_attention_heads"],
-        rms_norm_eps=llama["rms_norm_eps"], rope_theta=llama["rope_theta"],
-        max_position_embeddings=llama["max_position_embeddings"], vocab_size=llama["vocab_size"],
-        draft_vocab_size=draft_vocab_size, target_hidden_size=target_hidden_size,
-        aux_layer_ids=list(aux_ids), rope_scaling=llama.get("rope_scaling"),
-        hidden_act=llama.get("hidden_act", "silu"), norm_before_fc=norm_before_fc,
-    )
-
-
-# ----------------------------------------------------------------------------- SGLang
-
-
-def sglang_config(cfg: DrafterConfig, dtype: str = "bfloat16") -> dict:
-    return {
-        "architectures": [SGLANG_ARCH],
-        **_llama_fields(cfg),
-        "draft_vocab_size": cfg.draft_vocab_size,
-        "target_hidden_size": cfg.target_hidden_size,
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-            "use_aux_hidden_state": True,
-        },
-        "torch_dtype": dtype,
-    }
+def _export_config(export_dir: Path) -> dict:
+    return json.loads((Path(export_dir) / "config.json").read_text())
 
 
 def export_sglang(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16") -> Path:
-    """``config.json`` + ``model.safetensors`` in SGLang's ``LlamaForCausalLMEagle3`` layout (an MLA
-    drafter: its DeepSeek EAGLE-3 layout, ``drafter/export_mla.py``)."""
-    if model.config.attention == "mla":
-        return export_mla(model, out_dir, dtype=dtype, engine="sglang")
-    if model.config.norm_before_fc:
-        raise ValueError("SGLang cannot serve a drafter with norm_before_fc (see drafter/layouts.py); export it for vLLM")
-    weights = export_weights(model, DTYPES[dtype])
-    missing = [k for k in SGLANG_REQUIRED if k not in weights]
-    if missing or any(k.startswith("embed_tokens") for k in weights):
-        raise ValueError(f"SGLang export would be wrong: missing {missing} or carries the embedding")
-    return write_dir_atomic(out_dir, {"config.json": sglang_config(model.config, dtype), "model.safetensors": weights})
-
-
-def load_sglang(export_dir: Path, embeddings: torch.Tensor) -> Eagle3Drafter:
-    """Rebuild the drafter from an SGLang export plus the target's embedding matrix."""
-    from safetensors.torch import load_file
-
-    export_dir = Path(export_dir)
-    c = json.loads((export_dir / "config.json").read_text())
-    if is_mla_export(c):
-        return load_mla(export_dir, embeddings, engine="sglang")
-    if c.get("architectures") != [SGLANG_ARCH] or c.get("num_hidden_layers") != 1:
-        raise ValueError(f"{export_dir}: not a one-layer {SGLANG_ARCH} export")
-    cfg = _config_from_llama(c, c["draft_vocab_size"], c.get("target_hidden_size") or c["hidden_size"],
-                             c["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
-    return rebuild_drafter(cfg, load_file(str(export_dir / "model.safetensors")), embeddings)
-
-
-# ----------------------------------------------------------------------------- vLLM / speculators
-
-
-def _to_speculators_name(k: str) -> str:
-    return "layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k
-
-
-def _from_speculators_name(k: str) -> str:
-    return "midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k
-
-
-def vllm_config(cfg: DrafterConfig, *, dtype: str, verifier: str, verifier_architectures: list[str],
-                speculative_tokens: int) -> dict:
-    from eagle3_assets.hidden_states.layers import to_speculators_ids
-
-    return {
-        "architectures": [SPECULATORS_ARCH],
-        "speculators_model_type": "eagle3",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": {**_llama_fields(cfg), "architectures": ["LlamaForCausalLM"]},
-        "draft_vocab_size": cfg.draft_vocab_size,
-        "target_hidden_size": cfg.target_hidden_size,
-        "eagle_aux_hidden_state_layer_ids": to_speculators_ids(cfg.aux_layer_ids),
-        # The SGLang-layout network: residual from the raw hidden, no extra norms but the
-        # optional one over the features (``input_norm``).
-        "norm_before_residual": False,
-        "norm_before_fc": bool(cfg.norm_before_fc),
-        "fc_norm": False,
-        "norm_output": False,
-        "embed_requires_grad": False,
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [{
-                "proposal_type": "greedy",
-                "speculative_tokens": speculative_tokens,
-                "accept_tolerance": 0.0,
-                "verifier_accept_k": 1,
-            }],
-            "verifier": {"name_or_path": verifier, "architectures": verifier_architectures},
-        },
-        "torch_dtype": dtype,
-    }
+    """``config.json`` + ``model.safetensors`` in the SGLang layout of the model's kind."""
+    return get_kind(model.config.attention).export(model, out_dir, engine="sglang", dtype=dtype)
 
 
 def export_vllm(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16", verifier: str = "",
                 verifier_architectures: list[str] | None = None, speculative_tokens: int = 3) -> Path:
-    """A speculators-format EAGLE-3 checkpoint for vLLM (an MLA drafter: vLLM's
-    ``Eagle3DeepseekV2ForCausalLM`` layout, ``drafter/export_mla.py``)."""
-    if model.config.attention == "mla":
-        return export_mla(model, out_dir, dtype=dtype, engine="vllm")
-    if verifier and not verifier_architectures and (Path(verifier) / "config.json").exists():
-        verifier_architectures = json.loads((Path(verifier) / "config.json").read_text()).get("architectures")
-    cfg = vllm_config(model.config, dtype=dtype, verifier=verifier,
-                      verifier_architectures=list(verifier_architectures or []), speculative_tokens=speculative_tokens)
-    weights = export_weights(model, DTYPES[dtype], rename=_to_speculators_name, embeddings=True)
-    return write_dir_atomic(out_dir, {"config.json": cfg, "model.safetensors": weights})
+    """The vLLM checkpoint of the model's kind (a speculators config for the Llama-style drafter)."""
+    return get_kind(model.config.attention).export(model, out_dir, engine="vllm", dtype=dtype, verifier=verifier,
+                                                   verifier_architectures=verifier_architectures,
+                                                   speculative_tokens=speculative_tokens)
+
+
+def load_sglang(export_dir: Path, embeddings: torch.Tensor) -> Eagle3Drafter:
+    """Rebuild the drafter from an SGLang export plus the target's embedding matrix."""
+    return kind_of_export(_export_config(export_dir)).load(Path(export_dir), embeddings, engine="sglang")
 
 
 def load_vllm(export_dir: Path, embeddings: torch.Tensor | None = None) -> Eagle3Drafter:
-    """Rebuild the drafter from a speculators export; its own embedding unless one is given."""
-    from safetensors.torch import load_file
+    """Rebuild the drafter from a vLLM export; its own embedding unless one is given."""
+    return kind_of_export(_export_config(export_dir)).load(Path(export_dir), embeddings, engine="vllm")
 
+
+def export_file_problems(export_dir: Path, engine: str) -> list[str]:
+    """Problems with ``engine``'s export files (empty when its loader reads them as trained)."""
     export_dir = Path(export_dir)
-    c = json.loads((export_dir / "config.json").read_text())
-    if is_mla_export(c):
-        return load_mla(export_dir, embeddings, engine="vllm")
-    if c.get("speculators_model_type") != "eagle3":
-        raise ValueError(f"{export_dir}: not a speculators eagle3 checkpoint")
-    for flag in UNSUPPORTED_VLLM_FLAGS:
-        if c.get(flag, flag == "norm_before_residual"):  # vLLM's default for the first is True
-            raise ValueError(f"{export_dir}: {flag} is on; this drafter has no such norm")
-    layer = c["transformer_layer_config"]
-    cfg = _config_from_llama(layer, c["draft_vocab_size"], c.get("target_hidden_size") or layer["hidden_size"],
-                             [i - 1 for i in c["eagle_aux_hidden_state_layer_ids"]],
-                             norm_before_fc=bool(c.get("norm_before_fc", False)))
-    weights = {_from_speculators_name(k): v for k, v in load_file(str(export_dir / "model.safetensors")).items()}
-    emb = weights.pop("embed_tokens.weight", None)
-    if embeddings is None:
-        if emb is None:
-            raise ValueError(f"{export_dir}: no embed_tokens.weight; pass the target's embeddings")
-        embeddings = emb
-    return rebuild_drafter(cfg, weights, embeddings)
-
-
-SGLANG_CONFIG_KEYS = ("architectures", "draft_vocab_size", "vocab_size", "hidden_size", "max_position_embeddings",
-                      "num_attention_heads", "num_key_value_heads", "rope_theta", "eagle_config")
+    if not (export_dir / "config.json").exists() or not (export_dir / "model.safetensors").exists():
+        return [f"{export_dir}: config.json or model.safetensors is missing"]
+    return kind_of_export(_export_config(export_dir)).check(export_dir, engine)
 
 
 def check_sglang_export(export_dir: Path, trained: dict | None = None) -> list[str]:
@@ -220,105 +63,12 @@ def check_sglang_export(export_dir: Path, trained: dict | None = None) -> list[s
     its aux layer ids against ``trained`` (the training shards' ``layers`` record) when given."""
     from eagle3_assets.drafter.trained_layers import export_layer_problems
 
-    return _sglang_file_problems(export_dir) + export_layer_problems(export_dir, "sglang", trained)
-
-
-def _sglang_file_problems(export_dir: Path) -> list[str]:
-    from safetensors import safe_open
-
-    export_dir = Path(export_dir)
-    cfg_path, weights_path = export_dir / "config.json", export_dir / "model.safetensors"
-    if not cfg_path.exists() or not weights_path.exists():
-        return [f"{export_dir}: config.json or model.safetensors is missing"]
-    cfg = json.loads(cfg_path.read_text())
-    if is_mla_export(cfg):
-        return check_mla_export(export_dir, "sglang")
-    problems = [f"config.json lacks {k!r}" for k in SGLANG_CONFIG_KEYS if k not in cfg]
-    if cfg.get("architectures") != ["LlamaForCausalLMEagle3"]:
-        problems.append(f"architectures is {cfg.get('architectures')}, not ['LlamaForCausalLMEagle3']")
-    if not (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
-        problems.append("eagle_config.eagle_aux_hidden_state_layer_ids is missing")
-    with safe_open(str(weights_path), framework="pt") as f:
-        names = set(f.keys())
-        dtypes = {k: f.get_slice(k).get_dtype() for k in ("d2t", "t2d") if k in names}
-        shapes = {k: f.get_slice(k).get_shape() for k in ("lm_head.weight", "d2t", "t2d") if k in names}
-    for need in ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"):
-        if need not in names:
-            problems.append(f"model.safetensors lacks {need}")
-    if not any(n.startswith("midlayer.") for n in names):
-        problems.append("model.safetensors has no midlayer.* weights")
-    if any("embed_tokens" in n for n in names):
-        problems.append("model.safetensors holds embed_tokens (SGLang takes the target's)")
-    if "input_norm.weight" in names:
-        problems.append("model.safetensors holds input_norm (norm_before_fc), which SGLang never applies")
-    if dtypes.get("d2t") not in (None, "I64"):
-        problems.append(f"d2t is {dtypes['d2t']}, not int64")
-    if dtypes.get("t2d") not in (None, "BOOL"):
-        problems.append(f"t2d is {dtypes['t2d']}, not bool")
-    if "lm_head.weight" in shapes and shapes["lm_head.weight"][0] != cfg.get("draft_vocab_size"):
-        problems.append(f"lm_head rows {shapes['lm_head.weight'][0]} != draft_vocab_size {cfg.get('draft_vocab_size')}")
-    if "t2d" in shapes and shapes["t2d"][0] != cfg.get("vocab_size"):
-        problems.append(f"t2d length {shapes['t2d'][0]} != vocab_size {cfg.get('vocab_size')}")
-    problems += _shared_problems(cfg, cfg, (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"),
-                                 "config.json")
-    return problems
-
-
-def _shared_problems(layer: dict, top: dict, sglang_ids, where: str, vllm_ids=None) -> list[str]:
-    """Rope, head shape and aux-layer problems both engines' loaders would misread (the aux ids in
-    the export's own numbering: ``vllm_ids`` for a vLLM export, else ``sglang_ids``)."""
-    from eagle3_assets.hidden_states.layers import sglang_shift_problem, vllm_shift_problem
-
-    problems = export_rope_problems(layer, where)
-    heads, head_dim = layer.get("num_attention_heads"), layer.get("head_dim")
-    if heads and layer.get("hidden_size") and not head_dim and layer["hidden_size"] % heads:
-        problems.append(f"{where}: no head_dim and hidden_size {layer['hidden_size']} is not a multiple of {heads} heads")
-    if sglang_ids or vllm_ids:
-        shift = vllm_shift_problem(list(vllm_ids)) if vllm_ids else sglang_shift_problem(list(sglang_ids))
-        if shift:
-            problems.append(shift)
-    if top.get("target_hidden_size") and layer.get("hidden_size") and top["target_hidden_size"] != layer["hidden_size"]:
-        problems.append(f"{where}: target_hidden_size {top['target_hidden_size']} differs from hidden_size "
-                        f"{layer['hidden_size']}; this drafter's fc maps 3 x target_hidden_size to hidden_size of the same width")
-    return problems
+    return export_file_problems(export_dir, "sglang") + export_layer_problems(export_dir, "sglang", trained)
 
 
 def check_vllm_export(export_dir: Path, trained: dict | None = None) -> list[str]:
-    """Problems with a speculators (vLLM) export's files (empty when vLLM reads it as trained), and
-    with its aux layer ids against ``trained`` (the training shards' ``layers`` record) when given."""
+    """Problems with a vLLM export's files (empty when vLLM reads it as trained), and with its aux
+    layer ids against ``trained`` (the training shards' ``layers`` record) when given."""
     from eagle3_assets.drafter.trained_layers import export_layer_problems
 
-    return _vllm_file_problems(export_dir) + export_layer_problems(export_dir, "vllm", trained)
-
-
-def _vllm_file_problems(export_dir: Path) -> list[str]:
-    from safetensors import safe_open
-
-    export_dir = Path(export_dir)
-    cfg_path, weights_path = export_dir / "config.json", export_dir / "model.safetensors"
-    if not cfg_path.exists() or not weights_path.exists():
-        return [f"{export_dir}: config.json or model.safetensors is missing"]
-    cfg = json.loads(cfg_path.read_text())
-    if is_mla_export(cfg):
-        return check_mla_export(export_dir, "vllm")
-    problems = []
-    if cfg.get("speculators_model_type") != "eagle3":
-        problems.append(f"speculators_model_type is {cfg.get('speculators_model_type')!r}, not 'eagle3'")
-    for flag in UNSUPPORTED_VLLM_FLAGS:
-        if cfg.get(flag, flag == "norm_before_residual"):
-            problems.append(f"{flag} is on (or missing, and vLLM's default is on); this drafter has no such norm")
-    layer = cfg.get("transformer_layer_config") or {}
-    ids = cfg.get("eagle_aux_hidden_state_layer_ids") or []
-    if not ids:
-        problems.append("eagle_aux_hidden_state_layer_ids is missing")
-    with safe_open(str(weights_path), framework="pt") as f:
-        names = set(f.keys())
-    for need in ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "embed_tokens.weight"):
-        if need not in names:
-            problems.append(f"model.safetensors lacks {need}")
-    if not any(n.startswith("layers.0.") for n in names):
-        problems.append("model.safetensors has no layers.0.* weights")
-    if bool(cfg.get("norm_before_fc", False)) != ("input_norm.weight" in names):
-        problems.append(f"norm_before_fc is {bool(cfg.get('norm_before_fc', False))} but input_norm.weight is "
-                        f"{'present' if 'input_norm.weight' in names else 'missing'}")
-    return problems + _shared_problems(layer, cfg, None, "transformer_layer_config", vllm_ids=ids)
+    return export_file_problems(export_dir, "vllm") + export_layer_problems(export_dir, "vllm", trained)

@@ -1,7 +1,7 @@
 """The file-level pieces every drafter export shares (Llama and MLA layouts alike): the dtypes an
 export may be written in, the weights as written, the atomic directory write, and rebuilding the
-drafter from weights read back. ``export.py`` and ``export_mla.py`` both build on these, so neither
-imports the other's internals."""
+drafter from weights read back. Each kind's exporters (``drafter/kinds``) build on these, so no
+kind imports another's internals."""
 
 from __future__ import annotations
 

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint as recompute_in_backward
 
-from eagle3_assets.drafter.attention import ATTENTION, attention_class, target_shape
 from eagle3_assets.drafter.contexts import KVCache, TTTContext  # noqa: F401  (KVCache: the decoders' import point)
+from eagle3_assets.drafter.kinds import KINDS, get_kind
 from eagle3_assets.drafter.norm import RMSNorm
 from eagle3_assets.drafter.rope import drafter_rope_scaling, rope_frequencies
 
@@ -54,17 +54,18 @@ class DrafterConfig:
     rope_scaling: dict | None = None
     hidden_act: str = "silu"
     initializer_range: float = 0.02
-    attention: str = "llama"  # a key of ATTENTION
-    mla: dict | None = None  # attention "mla": the target's MLA sizes (see drafter/mla.py)
+    attention: str = "llama"  # the drafter's kind: a name in drafter/kinds KINDS
+    mla: dict | None = None  # the target's sizes a kind copies (its target_shape: MLA's, drafter/kinds/mla/)
     norm_before_fc: bool = False  # one RMSNorm over the [3H] features before fc (vLLM's ``input_norm``)
 
     def __post_init__(self):
         if self.hidden_act != "silu":
             raise ValueError(f"only the SwiGLU (silu) MLP is implemented, got {self.hidden_act!r}")
-        if self.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {sorted(ATTENTION)}, got {self.attention!r}")
-        if (self.attention == "mla") != (self.mla is not None):
-            raise ValueError("attention 'mla' needs the target's MLA sizes (mla), and only it")
+        if self.attention not in KINDS:
+            raise ValueError(f"attention must be one of {sorted(KINDS)}, got {self.attention!r}")
+        if (get_kind(self.attention).target_shape is not None) != (self.mla is not None):
+            raise ValueError(f"attention {self.attention!r}: the target's sizes (mla) are for a kind that copies them "
+                             "(a target_shape), and only it")
         self.rope_scaling = drafter_rope_scaling(self.rope_scaling)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
@@ -114,7 +115,7 @@ class DrafterConfig:
             rope_scaling=scaling,
             hidden_act=text.get("hidden_act", "silu"),
             attention=attention,
-            mla=target_shape(attention, text),
+            mla=_target_shape(attention, text),
             norm_before_fc=norm_before_fc,
         )
 
@@ -125,6 +126,14 @@ class DrafterConfig:
     def from_dict(cls, d: dict) -> DrafterConfig:
         """Fields a dict from an older checkpoint lacks take their defaults."""
         return cls(**d)
+
+
+def _target_shape(attention: str, text: dict) -> dict | None:
+    """The target's sizes a drafter of this kind copies (None for kinds that copy none)."""
+    if attention not in KINDS:
+        raise ValueError(f"attention must be one of {sorted(KINDS)}, got {attention!r}")
+    shape = get_kind(attention).target_shape
+    return shape(text) if shape is not None else None
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -200,7 +209,7 @@ class Eagle3Layer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on token embeddings
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # on the hidden stream
-        self.self_attn = attention_class(cfg.attention)(cfg)
+        self.self_attn = get_kind(cfg.attention).attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -230,7 +239,7 @@ class Eagle3Drafter(nn.Module):
         self.midlayer = Eagle3Layer(cfg)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
-        self.rotary = attention_class(cfg.attention).rotary(cfg)
+        self.rotary = get_kind(cfg.attention).attention.rotary(cfg)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
 
@@ -351,7 +360,7 @@ def build_drafter(cfg: DrafterConfig, embeddings: torch.Tensor, vmap=None, *, se
     with torch.device("meta"):
         model = Eagle3Drafter(cfg)
     model = model.to_empty(device=device)
-    model.rotary = attention_class(cfg.attention).rotary(cfg).to(device)  # its buffers are computed, not drawn
+    model.rotary = get_kind(cfg.attention).attention.rotary(cfg).to(device)  # its buffers are computed, not drawn
     if embed_dtype is not None:
         model.embed_tokens.to(embed_dtype)
     model.init_weights(seed).set_embeddings(embeddings)

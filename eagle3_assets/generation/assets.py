@@ -14,6 +14,7 @@ generation never waits for it.
 import sys
 import time
 import warnings
+from typing import Literal
 
 import dagster as dg
 
@@ -28,7 +29,8 @@ from eagle3_assets.prompts.assets import prompts
 from eagle3_assets.runs import pool_slot
 from resources import DatasetSettings, OpenRouterResource, SGLangResource, StorageResource, TargetResource, VLLMResource
 
-BACKENDS = ("local", "sglang", "openrouter", "vllm")
+BACKENDS = ("local", "sglang", "openrouter", "vllm")  # the one list: the config's typed choice is built from it
+Backend = Literal[BACKENDS]  # a name outside BACKENDS is refused by the config schema, naming them
 SLOW_LOOP_MS = 100.0  # a client loop later than this at p99 is warned about
 
 # `backfill_policy` is marked beta; and a job holding this asset with the one-dataset-per-run stages
@@ -38,7 +40,7 @@ warnings.filterwarnings("ignore", category=UserWarning, message=".*materializes 
 
 
 class GenerationConfig(dg.Config):
-    backend: str = "local"  # "local" (embedded model), "sglang", "openrouter" or "vllm" (OpenAI API + token ids)
+    backend: Backend = "local"  # "local" (embedded model), "sglang", "openrouter" or "vllm" (OpenAI API + token ids)
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
@@ -52,8 +54,6 @@ class GenerationConfig(dg.Config):
 
 
 def _validate(config: GenerationConfig) -> None:
-    if config.backend not in BACKENDS:
-        raise dg.Failure(f"unknown backend {config.backend!r}; expected one of {BACKENDS}")
     for where, kind in [("budget_policy", config.budget_policy), *config.budget_policies.items()]:
         if kind not in POLICIES:
             raise dg.Failure(f"raw_responses config, field {where!r}: unknown budget policy {kind!r}; "

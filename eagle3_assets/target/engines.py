@@ -118,16 +118,3 @@ def pairing_problem(target_config: dict, drafter_config: dict, *, engine: str, c
     if engine == "sglang" and mla_drafter and not drafter_config.get("q_lora_rank"):
         return "SGLang's MLA draft model requires q_lora_rank in the drafter config"
     return None
-
-
-def drafter_layout_notes(target_config: dict, attention: str) -> list[str]:
-    """What a recipe's drafter layout means for serving next to this target (shown before training);
-    an MLA layout on a target without MLA raises."""
-    mla_target = target_family(target_config) is not None
-    if attention == "mla" and not mla_target:
-        raise ValueError("attention 'mla' needs an MLA target (DeepSeek-V3 / Kimi-K2.5 family); this target has no "
-                         "kv_lora_rank: use attention 'llama'")
-    if attention == "llama" and mla_target:
-        return ["Llama-style drafter on an MLA target: SGLang (>= 0.5.10) and vLLM GPU builds (>= 0.18.0) serve it, "
-                f"vLLM's CPU build does not ('{CPU_BLOCK_ERROR}'); attention = \"mla\" serves on all three"]
-    return []

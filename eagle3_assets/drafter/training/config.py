@@ -117,12 +117,13 @@ class TrainSettings(_Section):
 class DraftShape(_Section):
     """What the recipe decides about the drafter's shape (hidden size and heads follow the target),
     and the engines its exports must serve on: a layout one of them would run differently from
-    what was trained is refused here, before any training (``drafter/layouts.py``)."""
+    what was trained is refused here, before any training (each kind's ``layout_problems``,
+    ``drafter/kinds``)."""
 
     draft_vocab_size: int = Field(ge=1)
     intermediate_size: int | None = Field(None, ge=1)  # None: the target's
     aux_layer_ids: list[int] | None = None  # None: [1, L//2 - 1, L - 4]
-    attention: Literal["llama", "mla"] = "llama"  # "mla": the target's own MLA shape (DeepSeek-V3 / Kimi targets)
+    attention: str = "llama"  # the drafter's kind, a name in drafter/kinds (KINDS); "mla": the target's own MLA shape
     norm_before_fc: bool = False  # one RMSNorm over the 3H target features before fc (vLLM only)
     engines: tuple[Literal["sglang", "vllm"], ...] = ("sglang", "vllm")  # the exports written and checked
 
@@ -131,13 +132,22 @@ class DraftShape(_Section):
     def _engines_from_list(cls, v):
         return tuple(v) if isinstance(v, list) else v
 
+    @field_validator("attention")
+    @classmethod
+    def _a_registered_kind(cls, v):
+        from eagle3_assets.drafter.kinds import KINDS
+
+        if v not in KINDS:
+            raise ValueError(f"unknown drafter kind {v!r}; expected one of {sorted(KINDS)}")
+        return v
+
     @model_validator(mode="after")
     def _servable(self):
-        from eagle3_assets.drafter.layouts import layout_problems
+        from eagle3_assets.drafter.kinds import get_kind
 
         if not self.engines or len(set(self.engines)) != len(self.engines):
             raise ValueError("'engines' must name each of sglang, vllm at most once, and at least one")
-        for key, problem in layout_problems(self).items():
+        for key, problem in get_kind(self.attention).layout_problems(self).items():
             raise ValueError(f"'{key}' {problem}")
         return self
 

@@ -56,20 +56,24 @@ def split_batch(batch: dict, micro_batch_tokens: int) -> list[dict]:
 # ----------------------------------------------------------------------------- the estimate
 #
 # Bytes autograd keeps for backward, per real token and TTT step, read off the step's code
-# (drafter/model.py, drafter/mla.py, drafter/contexts.py, drafter/packing.py, training/loss.py).
+# (drafter/model.py, drafter/kinds/mla/memory.py, drafter/contexts.py, drafter/packing.py, training/loss.py).
 # ``c`` is the compute dtype's size (4: float32; 2: bf16 autocast, where each linear keeps a bf16
 # copy of its input and each RMSNorm a float32 copy of its own); ``s`` is the TTT step.
+
+
+def _kind_memory(cfg):
+    """The drafter kind's own attention terms (``DrafterKind.memory``), or None: Llama's GQA terms below."""
+    from eagle3_assets.drafter.kinds import get_kind
+
+    return get_kind(cfg.attention).memory
 
 
 def attention_kernel(cfg, device_type: str) -> str:
     """Which SDPA kernel PyTorch picks for the drafter's attention: "math" (the scores kept per
     head: a CPU with MLA's unequal q/k and v head sizes, which its flash kernel refuses) or
     "fused" (flash on CPU; memory-efficient or cuDNN on a GPU: the scores never stored)."""
-    if device_type == "cpu" and cfg.attention == "mla":
-        m = cfg.mla
-        if m["qk_nope_head_dim"] + m["qk_rope_head_dim"] != m["v_head_dim"]:
-            return "math"
-    return "fused"
+    memory = _kind_memory(cfg)
+    return memory.kernel(cfg, device_type) if memory is not None else "fused"
 
 
 def _attention_bytes(cfg, s: int, c: int, kernel: str) -> int:
@@ -77,19 +81,10 @@ def _attention_bytes(cfg, s: int, c: int, kernel: str) -> int:
     of steps 0..s side by side, the output (per sample, and re-laid for o_proj), softmax
     statistics; the math kernel keeps scaled copies of q and k instead (its scores are in
     ``_attention_square_bytes``)."""
+    memory = _kind_memory(cfg)
+    if memory is not None:
+        return memory.step_bytes(cfg, s, c, kernel)
     heads = cfg.num_attention_heads
-    if cfg.attention == "mla":
-        m = cfg.mla
-        qk, vd = heads * (m["qk_nope_head_dim"] + m["qk_rope_head_dim"]), heads * m["v_head_dim"]
-        kvb = heads * (m["qk_nope_head_dim"] + m["v_head_dim"])
-        qa, kvr, rope = m["q_lora_rank"] or 0, m["kv_lora_rank"], m["qk_rope_head_dim"]
-        # q_a norm (input, normalised, q_b's input) and kv_a norm (its input is a view of the latent + rope key)
-        lora = (3 * qa + (kvr + rope) + 2 * kvr) * c if c == 4 else (qa + kvr) * (4 + 2 + 2)
-        values = kvb * c if s == 0 else (s + 1) * vd * c  # step 0's values view the kv_b output
-        if kernel == "math":  # float32 whatever the compute dtype: scaled q and k, the values per sample
-            return lora + (s + 2) * qk * 4 + (kvb * c if s == 0 and c == 4 else (s + 1) * vd * 4) + vd * c + 2 * rope * c
-        keys = qk * c if s == 0 else (s + 1) * qk * c
-        return lora + qk * c + keys + values + 2 * vd * c + heads * 4 + 2 * rope * c
     q = heads * cfg.head_dim
     return (2 * s + 5) * q * c + heads * 4 + 2 * cfg.head_dim * c
 
@@ -120,11 +115,10 @@ def _layer_bytes(cfg, s: int, c: int, kernel: str = "fused", e: int = 4) -> int:
 def _kept_keys_bytes(cfg, c: int) -> int:
     """Under recomputation, what each step keeps for the later steps' attention: its keys and
     values (for MLA, the kv_b output the values view)."""
-    heads = cfg.num_attention_heads
-    if cfg.attention == "mla":
-        m = cfg.mla
-        return heads * (m["qk_nope_head_dim"] + m["qk_rope_head_dim"]) * c + heads * (m["qk_nope_head_dim"] + m["v_head_dim"]) * c
-    return 2 * heads * cfg.head_dim * c
+    memory = _kind_memory(cfg)
+    if memory is not None:
+        return memory.kept_keys_bytes(cfg, c)
+    return 2 * cfg.num_attention_heads * cfg.head_dim * c
 
 
 def _loss_row_bytes(cfg, c: int, chunked: bool) -> int:

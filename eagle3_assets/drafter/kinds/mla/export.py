@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 
 from eagle3_assets.drafter.export_files import DTYPES, export_weights, rebuild_drafter, write_dir_atomic
-from eagle3_assets.drafter.mla import MLA_KEYS, mla_shape
+from eagle3_assets.drafter.kinds.mla.attention import MLA_KEYS, mla_shape
 from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3_assets.drafter.rope import drafter_rope_scaling
 
@@ -72,7 +72,7 @@ def mla_config(cfg: DrafterConfig, *, dtype: str, engine: str) -> dict:
     return out
 
 
-def export_mla(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16", engine: str) -> Path:
+def export_mla(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16", engine: str, **_vllm_options) -> Path:
     if model.config.attention != "mla":
         raise ValueError("export_mla needs a drafter with attention 'mla'")
     if engine == "sglang":
