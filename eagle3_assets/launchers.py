@@ -1,10 +1,114 @@
-"""The places a GPU stage can run, named once: the stages' Dagster configs take ``Launcher``, a
-typed choice built from ``LAUNCHERS``, so a wrong name is refused by the config schema with the
-list of valid ones before any run starts."""
+"""The places a GPU stage can run, behind one interface.
+
+A stage writes its job file, describes its entry point as a :class:`Launch` (``python -m module
+args``, plain or as a ``torchrun`` group, and the environment it needs), opens the configured
+launcher with :func:`open_launcher` and calls its ``run`` once; the launcher decides how the
+process starts (here through Pipes; on SLURM as one batch job) and returns the Pipes invocation.
+
+``LAUNCHERS`` is the registry, one line per launcher: its name and the ``module:attr`` of a
+factory ``(context, config, layout) -> Launcher`` (resolved on first use, so this module imports
+none of them). The stages' Dagster configs take ``LauncherName``, a typed choice built from it,
+so a wrong name is refused by the config schema with the list of valid ones.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import importlib
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
-LAUNCHERS = ("local", "slurm")  # "local": this machine (one process or torchrun); "slurm": one job on the cluster
-Launcher = Literal[LAUNCHERS]
+LAUNCHERS = {
+    "local": "eagle3_assets.launchers:LocalLauncher.open",  # this machine: one process, or torchrun
+    "slurm": "eagle3_assets.slurm.launcher:SlurmLauncher.open",  # one SLURM job: torchrun under srun on every task
+}
+LauncherName = Literal[tuple(LAUNCHERS)]
+
+# Variables a launch exports to its processes when the launching process has them: where the data
+# and models live, offline hub settings, thread counts, the SGLang capture stand-in of the CPU tests.
+FORWARDED_PREFIXES = ("EAGLE3_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def forwarded_env(environ=None) -> dict[str, str]:
+    """The launching process's variables the launched processes need (see ``FORWARDED_PREFIXES``)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(FORWARDED_PREFIXES)}
+
+
+@dataclass
+class Launch:
+    """A stage's entry point: ``python -m module args``, plain or under torchrun."""
+
+    name: str  # the job's name (on a scheduler, one live job per name: a relaunch refuses a second)
+    module: str
+    args: list[str]
+    procs: int | None = None  # None: one plain process; N: torchrun with N workers per task
+    per_node: bool = False  # every task on its own: a plain process, or a standalone torchrun of procs workers
+    exports: dict[str, str] = field(default_factory=dict)  # environment the process needs
+    # a one-worker group on this machine runs as the plain process (the trainer: the same run, no
+    # rendezvous); a cluster's launcher keeps torchrun, whose tasks may form one group together
+    plain_when_alone: bool = False
+
+
+class Launcher(Protocol):
+    """Where a stage's process runs. ``tasks`` and ``nodes`` are what the launch will get (a stage
+    splits its work by them before writing the job file); ``here`` says the launch runs on this
+    machine, so a stage whose work needs no process of its own may do it in the step instead."""
+
+    tasks: int
+    nodes: int
+    here: bool
+
+    def running(self, name: str) -> bool:
+        """Whether a launch of that name is still alive (queued or running) from an earlier step."""
+
+    def run(self, context, launch: Launch):
+        """Run ``launch`` to its end through Dagster Pipes; the ``PipesClientCompletedInvocation``."""
+
+
+def get_factory(name: str):
+    """The registered factory of launcher ``name`` (an unknown name: an error listing the valid ones)."""
+    if name not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {name!r}; expected one of {sorted(LAUNCHERS)}")
+    module, _, attr = LAUNCHERS[name].partition(":")
+    target = importlib.import_module(module)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def open_launcher(name: str, context, config, layout) -> Launcher:
+    """The launcher ``name`` for one step: ``config`` is the stage's Dagster config (a launcher reads
+    its per-launch settings there, as SLURM reads ``config.slurm``), ``context.resources`` its
+    cluster's resource, ``layout`` the data root its files go under."""
+    return get_factory(name)(context, config, layout)
+
+
+def local_command(launch: Launch) -> list[str]:
+    """The command on this machine: the plain process, or a standalone torchrun of ``procs`` workers."""
+    module = ["-m", launch.module, *launch.args]
+    if launch.procs is None or (launch.procs == 1 and launch.plain_when_alone):
+        return [sys.executable, *module]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={launch.procs}", *module]
+
+
+class LocalLauncher:
+    """This machine, through ``PipesSubprocessClient``: one task on one node."""
+
+    tasks = nodes = 1
+    here = True
+
+    @classmethod
+    def open(cls, context, config, layout) -> LocalLauncher:
+        return cls()
+
+    def running(self, name: str) -> bool:
+        return False  # a step's subprocess ends with its step
+
+    def run(self, context, launch: Launch):
+        import dagster as dg
+
+        command = local_command(launch)
+        context.log.info(f"{launch.name}: {' '.join(command)}")
+        return dg.PipesSubprocessClient().run(context=context, command=command, env={**os.environ, **launch.exports})

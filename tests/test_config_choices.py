@@ -16,6 +16,8 @@ def _job():
 @pytest.mark.parametrize("asset,field,names", [
     ("raw_responses", "backend", "eagle3_assets.generation.assets:BACKENDS"),
     ("drafter_checkpoint", "launcher", "eagle3_assets.launchers:LAUNCHERS"),
+    ("hidden_states", "launcher", "eagle3_assets.launchers:LAUNCHERS"),
+    ("hidden_states", "backend", "eagle3_assets.hidden_states.assets:EXTRACTION_BACKENDS"),
 ])
 def test_a_wrong_name_is_refused_by_the_config_schema_naming_the_valid_ones(asset, field, names):
     import importlib
@@ -38,9 +40,15 @@ def test_the_python_config_classes_refuse_a_wrong_name_too():
 
     from eagle3_assets.drafter.assets import DrafterTrainingConfig
     from eagle3_assets.generation.assets import GenerationConfig
+    from eagle3_assets.hidden_states.assets import HiddenStatesConfig
 
     with pytest.raises(ValidationError, match="'local'"):
         GenerationConfig(backend="nosuchname")
     with pytest.raises(ValidationError, match="'slurm'"):
         DrafterTrainingConfig(launcher="nosuchname")
+    with pytest.raises(ValidationError, match="'slurm'"):
+        HiddenStatesConfig(launcher="nosuchname")
+    with pytest.raises(ValidationError, match="'sglang'"):
+        HiddenStatesConfig(backend="nosuchname")
     assert GenerationConfig().backend == "local" and DrafterTrainingConfig().launcher == "local"
+    assert (HiddenStatesConfig().backend, HiddenStatesConfig().launcher) == ("local", "local")

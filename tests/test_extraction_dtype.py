@@ -12,8 +12,8 @@ import torch
 
 from eagle3_assets.hidden_states import extract_job, sglang_extract
 from eagle3_assets.hidden_states.assets import HiddenStatesConfig, build_extractor
+from eagle3_assets.hidden_states.launch import extraction_launch
 from eagle3_assets.hidden_states.sglang_launch import write_sglang_job
-from eagle3_assets.hidden_states.slurm_launch import extraction_launch
 from eagle3_assets.hidden_states.tensor_parallel import Group
 from eagle3_assets.target import precision
 from resources import SlurmResource, TargetResource, VLLMResource

@@ -7,8 +7,6 @@ asset then measures acceptance length by real chain speculative decoding on held
 
 import base64
 import json
-import os
-import sys
 
 import dagster as dg
 
@@ -16,7 +14,7 @@ from eagle3_assets.drafter.evaluate import eval_prompts, evaluate_drafter, train
 from eagle3_assets.drafter.kinds import get_kind
 from eagle3_assets.drafter.recipes import RecipeError, list_recipes, load_recipe
 from eagle3_assets.hidden_states.assets import hidden_states
-from eagle3_assets.launchers import Launcher
+from eagle3_assets.launchers import Launch, LauncherName, forwarded_env, open_launcher
 from eagle3_assets.metadata import md_table
 from resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource
 
@@ -30,7 +28,7 @@ class DrafterTrainingConfig(dg.Config):
     dtype: str = "auto"  # compute dtype: auto is bf16 autocast on GPU, fp32 on CPU
     loader_workers: int = -1  # DataLoader workers per rank reading shards (-1: 2 on GPU, 0 on CPU)
     resume: bool = True
-    launcher: Launcher = "local"  # "local" (this machine) or "slurm" (one job: torchrun under srun on every task)
+    launcher: LauncherName = "local"  # "local" (this machine) or "slurm" (one job: torchrun under srun on every task)
     slurm: SlurmJobConfig = SlurmJobConfig()  # launcher slurm: this launch's job shape over the resource's
     # The step's memory layout (docs/training.md#memory): -1 / "auto" lets the plan choose on a GPU
     micro_batch_tokens: int = -1  # real tokens per forward/backward (0: the rank's whole batch)
@@ -40,10 +38,10 @@ class DrafterTrainingConfig(dg.Config):
     gpu_memory_gib: float = 0.0  # plan for GPUs of this size before launching (0: this machine's GPU, if any)
 
 
-def preflight_memory(recipe: str, job, target_config: dict, config: DrafterTrainingConfig):
+def preflight_memory(recipe: str, job, target_config: dict, config: DrafterTrainingConfig, nodes: int = 1):
     """The step's memory estimate before any GPU is spent: for GPUs of ``gpu_memory_gib``, or this
     machine's GPU; refuses a recipe that cannot fit, naming the setting. None on a CPU-only host
-    (each rank plans again on its own device when it starts)."""
+    (each rank plans again on its own device when it starts). ``nodes``: the launcher's."""
     import torch
 
     from eagle3_assets.drafter.model import DrafterConfig
@@ -57,7 +55,6 @@ def preflight_memory(recipe: str, job, target_config: dict, config: DrafterTrain
     cfg = DrafterConfig.from_target(target_config, draft_vocab_size=shape.draft_vocab_size, aux_layer_ids=shape.aux_layer_ids,
                                     intermediate_size=shape.intermediate_size, attention=shape.attention,
                                     norm_before_fc=shape.norm_before_fc)
-    nodes = (config.slurm.nodes or 1) if config.launcher == "slurm" else 1  # unknown: fewer ranks, larger shares
     ranks = config.nproc_per_node * nodes
     plan = plan_for_run(cfg, job.training, job.runtime, torch.device("cuda", 0), world_size=max(1, ranks),
                         compute_bytes=4 if config.dtype == "float32" else 2, capacity=capacity)
@@ -66,24 +63,15 @@ def preflight_memory(recipe: str, job, target_config: dict, config: DrafterTrain
     return plan
 
 
-def launch_training(context, config: DrafterTrainingConfig, slurm: SlurmResource, layout, recipe: str, job_path,
+def launch_training(context, config: DrafterTrainingConfig, launcher, recipe: str, job_path,
                     samples: float) -> dg.PipesClientCompletedInvocation:
-    """The trainer through Pipes: here (one process, or torchrun with ``nproc_per_node``), or one
-    SLURM job running torchrun under srun on every task, ``nproc_per_node`` workers each."""
-    module = ["-m", "eagle3_assets.drafter.training", "--config", str(job_path)]
-    if config.launcher == "slurm":
-        from eagle3_assets.slurm.script import Launch, forwarded_env
-
-        launch = Launch(f"eagle3-drafter_checkpoint-{recipe}", module[1], module[2:], procs=config.nproc_per_node,
-                        exports=forwarded_env())
-        context.log.info(f"training {recipe}: {samples:.0f} samples per epoch, on SLURM")
-        return slurm.client(layout, config.slurm).run(context=context, launch=launch)
-    trainer = [sys.executable, *module]
-    if config.nproc_per_node > 1:
-        trainer = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={config.nproc_per_node}", *module]
-    context.log.info(f"training {recipe}: {samples:.0f} samples per epoch: {' '.join(trainer)}")
-    return dg.PipesSubprocessClient().run(context=context, command=trainer, env=dict(os.environ))
+    """The trainer through Pipes on the step's launcher: here (one process, or torchrun with
+    ``nproc_per_node``), or one SLURM job running torchrun under srun on every task,
+    ``nproc_per_node`` workers each."""
+    launch = Launch(f"eagle3-drafter_checkpoint-{recipe}", "eagle3_assets.drafter.training", ["--config", str(job_path)],
+                    procs=config.nproc_per_node, exports=forwarded_env(), plain_when_alone=True)
+    context.log.info(f"training {recipe}: {samples:.0f} samples per epoch")
+    return launcher.run(context, launch)
 
 
 @dg.asset(
@@ -95,7 +83,7 @@ def launch_training(context, config: DrafterTrainingConfig, slurm: SlurmResource
     description="EAGLE-3 drafter trained on the recipe's hidden-state shards, exported for SGLang and vLLM.",
 )
 def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainingConfig, storage: StorageResource,
-                       target: TargetResource, slurm: SlurmResource) -> dg.MaterializeResult:
+                       target: TargetResource, slurm: SlurmResource) -> dg.MaterializeResult:  # slurm: the slurm launcher's
     from eagle3_assets.drafter.training.config import ExportSettings, RuntimeSettings, TrainJob
 
     recipe = load_recipe(context.partition_key)
@@ -124,11 +112,12 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
         export=ExportSettings(speculative_k=recipe.evaluation.speculative_k, sglang="sglang" in recipe.shape.engines,
                               vllm="vllm" in recipe.shape.engines), pipes_asset_key="drafter_checkpoint",
     )
-    plan = preflight_memory(recipe.name, job, spec.config, config)
+    launcher = open_launcher(config.launcher, context, config, layout)
+    plan = preflight_memory(recipe.name, job, spec.config, config, nodes=launcher.nodes)
     if plan is not None:
         context.log.info(f"training {recipe.name}: memory plan: {plan.describe()}")
     job_path = job.write(out / "job.json")
-    invocation = launch_training(context, config, slurm, layout, recipe.name, job_path, samples)
+    invocation = launch_training(context, config, launcher, recipe.name, job_path, samples)
     pipes_meta = dict(invocation.metadata)
     for event in invocation.get_results():
         if isinstance(event, dg.MaterializeResult) and event.metadata:

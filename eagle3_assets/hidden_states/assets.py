@@ -4,17 +4,23 @@ import hashlib
 import json
 import sys
 import time
+from typing import Literal
 
 import dagster as dg
 
 from eagle3_assets.corpus.assets import merged_corpus
+from eagle3_assets.launchers import LauncherName, open_launcher
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource, VLLMResource
 
+EXTRACTION_BACKENDS = ("local", "sglang", "vllm")  # the config's `backend` choices
+IN_STEP_BACKENDS = ("local", "vllm")  # extracted in the step itself when the launcher runs here (docs/architecture.md)
+ExtractionBackend = Literal[EXTRACTION_BACKENDS]
+
 
 class HiddenStatesConfig(dg.Config):
-    backend: str = "local"  # "local" (transformers), "sglang" (torchrun over tp_size GPUs) or "vllm" (a server)
+    backend: ExtractionBackend = "local"  # "local" (transformers), "sglang" (torchrun over tp_size GPUs) or "vllm" (a server)
     dtype: str = "bf16"  # shard storage: "bf16" or "fp8" (e4m3 with a per-token scale; half the bytes);
     # the model's own dtype and device are the target resource's (``auto``: bf16 on a GPU, float32 on a CPU)
     shard_bytes: int = 1 << 30
@@ -23,7 +29,7 @@ class HiddenStatesConfig(dg.Config):
     retry_quarantined: bool = False
     tp_size: int = 1  # sglang: tensor-parallel GPUs (torchrun processes); vllm on SLURM: the server's
     tp_across_nodes: bool = False  # sglang on several nodes: one TP group over them all, not one group a node
-    launcher: str = "local"  # "local" (this machine) or "slurm" (one job on the `slurm` resource's cluster)
+    launcher: LauncherName = "local"  # "local" (this machine) or "slurm" (one job on the `slurm` resource's cluster)
     slurm: SlurmJobConfig = SlurmJobConfig()  # launcher slurm: this launch's job shape over the resource's
     vllm_server_args: list[str] = []  # vllm on SLURM: further arguments of the server the job starts
 
@@ -41,7 +47,7 @@ def build_extractor(config: HiddenStatesConfig, target: TargetResource, vllm: VL
                                          dtype=target.torch_dtype(device), target=spec.identity)
     if config.backend == "vllm":
         return (vllm or VLLMResource()).extractor(spec, layer_ids=config.layer_ids or None)
-    raise ValueError(f"unknown hidden-state backend {config.backend!r} (expected 'local', 'sglang' or 'vllm')")
+    raise ValueError(f"backend {config.backend!r} extracts in a launched job, not in the step (see IN_STEP_BACKENDS)")
 
 
 @dg.asset(
@@ -61,19 +67,12 @@ def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig,
     dataset = context.partition_key
     layout = storage.layout
     out = layout.hidden_states_dir(dataset)
-    if config.launcher not in ("local", "slurm"):
-        raise ValueError(f"unknown launcher {config.launcher!r} (expected 'local' or 'slurm')")
-    if config.launcher == "slurm":
-        from eagle3_assets.hidden_states.slurm_launch import launch_on_slurm
+    launcher = open_launcher(config.launcher, context, config, layout)
+    if not (launcher.here and config.backend in IN_STEP_BACKENDS):
+        from eagle3_assets.hidden_states.launch import launch_extraction
 
-        report, job_meta = launch_on_slurm(context, config, target, vllm, slurm, layout, dataset)
+        report, job_meta = launch_extraction(context, config, target, vllm, slurm, launcher, layout, dataset)
         return hidden_states_result(context, config, out, report, job_meta)
-    if config.backend == "sglang":
-        from eagle3_assets.hidden_states.sglang_launch import launch_sglang_extraction
-
-        report = launch_sglang_extraction(context, config, target.spec(), layout.corpus(dataset), out,
-                                          model_dtype=target.dtype)
-        return hidden_states_result(context, config, out, report)
     extractor = build_extractor(config, target, vllm)
     bar = tqdm(desc=f"hidden states {dataset}", unit="tok", unit_scale=True, file=sys.stderr)
     last_log = [time.monotonic()]

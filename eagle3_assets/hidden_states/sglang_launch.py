@@ -1,15 +1,12 @@
-"""The ``hidden_states`` asset's ``sglang`` backend: write the job, launch torchrun through Pipes."""
+"""The ``hidden_states`` asset's ``sglang`` backend: the job file every rank reads (the launch that
+runs it under torchrun is ``hidden_states/launch.py``'s, on the step's launcher)."""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
-import dagster as dg
-
-from eagle3_assets.hidden_states.extract import ExtractionReport
-from eagle3_assets.hidden_states.sglang_extract import SGLangExtractionJob, load_report
+from eagle3_assets.hidden_states.sglang_extract import SGLangExtractionJob
 
 JOB_FILE = "sglang-job.json"
 CAPTURE_ENV = "EAGLE3_SGLANG_CAPTURE"  # module:function replacing SGLang's capture (CPU tests)
@@ -18,11 +15,6 @@ CAPTURE_ENV = "EAGLE3_SGLANG_CAPTURE"  # module:function replacing SGLang's capt
 def capture_args() -> list[str]:
     """``--capture`` when the environment names a stand-in for SGLang's capture (CPU tests)."""
     return ["--capture", os.environ[CAPTURE_ENV]] if os.environ.get(CAPTURE_ENV) else []
-
-
-def torchrun_command(job_path: Path, tp_size: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp_size}",
-            "-m", "eagle3_assets.hidden_states.sglang_extract", "--config", str(job_path), *capture_args()]
 
 
 def write_sglang_job(config, spec, corpus: Path, out: Path, nodes: int = 1, model_dtype: str = "auto") -> Path:
@@ -41,12 +33,3 @@ def write_sglang_job(config, spec, corpus: Path, out: Path, nodes: int = 1, mode
     job_path = out.parent / f".{out.name}.{JOB_FILE}"
     job_path.write_text(job.model_dump_json(indent=2))
     return job_path
-
-
-def launch_sglang_extraction(context: dg.AssetExecutionContext, config, spec, corpus: Path, out: Path,
-                             model_dtype: str = "auto") -> ExtractionReport:
-    """Extract ``corpus`` into ``out`` on ``config.tp_size`` GPUs; returns rank 0's report."""
-    command = torchrun_command(write_sglang_job(config, spec, corpus, out, model_dtype=model_dtype), config.tp_size)
-    context.log.info(f"SGLang extraction on {config.tp_size} GPU(s): {' '.join(command)}")
-    dg.PipesSubprocessClient().run(context=context, command=command, env=dict(os.environ)).get_results()
-    return load_report(out)

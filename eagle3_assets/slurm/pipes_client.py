@@ -18,8 +18,9 @@ from pathlib import Path
 
 import dagster as dg
 
+from eagle3_assets.launchers import Launch
 from eagle3_assets.slurm import scheduler
-from eagle3_assets.slurm.script import JobEnvironment, JobResources, Launch, render_script
+from eagle3_assets.slurm.script import JobEnvironment, JobResources, render_script
 from eagle3_assets.slurm.shared_files import FileTail, SharedFileMessageReader
 
 PENDING_LOG_EVERY_S = 60.0
@@ -36,7 +37,7 @@ class SlurmJobFailed(dg.Failure):
 
 
 class PipesSlurmClient(dg.PipesClient):
-    """Runs a :class:`~eagle3_assets.slurm.script.Launch` as a SLURM job inside a Pipes session."""
+    """Runs a :class:`~eagle3_assets.launchers.Launch` as a SLURM job inside a Pipes session."""
 
     def __init__(self, resources: JobResources, environment: JobEnvironment, job_root: Path | str, *,
                  poll_interval_s: float = 5.0, cancel_timeout_s: float = 120.0, drain_timeout_s: float = 60.0,

@@ -10,23 +10,14 @@ one torchrun agent per task, rendezvous (``c10d``) on the first host of the job'
 
 from __future__ import annotations
 
-import os
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Variables the job exports to its tasks when the launching process has them: where the data and
-# models live, offline hub settings, thread counts, the SGLang capture stand-in of the CPU tests.
-FORWARDED_PREFIXES = ("EAGLE3_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def forwarded_env(environ=None) -> dict[str, str]:
-    """The launching process's variables the job's tasks need (see ``FORWARDED_PREFIXES``)."""
-    environ = os.environ if environ is None else environ
-    return {k: v for k, v in sorted(environ.items()) if k.startswith(FORWARDED_PREFIXES)}
+# the stage's entry point this script runs, and the variables the job exports to its tasks
+from eagle3_assets.launchers import FORWARDED_PREFIXES, Launch, forwarded_env  # noqa: F401
 
 
 class JobResources(BaseModel):
@@ -64,18 +55,6 @@ class JobEnvironment(BaseModel):
     python: str = "python"  # the interpreter on the nodes
     srun_options: list[str] = []
     env: dict[str, str] = {}
-
-
-@dataclass
-class Launch:
-    """The stage's entry point: ``python -m module args``, plain or under torchrun."""
-
-    name: str  # the SLURM job name (one live job per name: a relaunch refuses a second)
-    module: str
-    args: list[str]
-    procs: int | None = None  # None: one plain process; N: torchrun with N workers per task
-    per_node: bool = False  # every task on its own: a plain process, or a standalone torchrun of procs workers
-    exports: dict[str, str] = field(default_factory=dict)  # environment the tasks need
 
 
 def rendezvous_port(job_id_var: str = "SLURM_JOB_ID") -> str:

@@ -1,15 +1,19 @@
-"""The ``hidden_states`` asset with ``launcher: slurm``: one SLURM job per dataset, every backend.
+"""The ``hidden_states`` asset's extraction as one launch per dataset, on the step's launcher
+(``eagle3_assets.launchers``), every backend; the job file is shaped by the tasks and nodes the
+launcher gives:
 
 - ``local``: ``extract_job`` (transformers) as one process on the job's node, or one per node of a
   several-node job, each its share of the corpus (``parts.py``), folded into one manifest after;
 - ``vllm``: ``extract_job`` starts a vLLM extraction server on the node (on each node) and extracts
   through it;
 - ``sglang``: the SGLang job (``sglang_extract``) under ``torchrun``: on one node, ``tp_size`` ranks
-  over the job's tasks; on several, a ``tp_size`` group on each node with its share of the corpus
-  (``tp_across_nodes: true``: one group over them all).
+  over the job's tasks (here: one standalone torchrun); on several, a ``tp_size`` group on each
+  node with its share of the corpus (``tp_across_nodes: true``: one group over them all).
 
-The job writes into the dataset's hidden-state directory on the shared filesystem, so a job that
-was cancelled, preempted or timed out leaves its finished shards, and the next launch resumes.
+The job writes into the dataset's hidden-state directory (on a cluster, on the shared filesystem),
+so a job that was cancelled, preempted or timed out leaves its finished shards, and the next
+launch resumes. The local launcher with the ``local`` and ``vllm`` backends extracts in the step
+instead (``hidden_states/assets.py``).
 """
 
 from __future__ import annotations
@@ -20,8 +24,7 @@ from eagle3_assets.hidden_states.extract import ExtractionReport
 from eagle3_assets.hidden_states.extract_job import ExtractionJob, VLLMServerSpec
 from eagle3_assets.hidden_states.parts import combine_reports, merge_parts, report_name
 from eagle3_assets.hidden_states.sglang_extract import load_report
-from eagle3_assets.slurm import scheduler
-from eagle3_assets.slurm.script import Launch, forwarded_env
+from eagle3_assets.launchers import Launch, forwarded_env
 
 
 def vllm_server_spec(config, target, vllm, slurm, corpus, spec) -> VLLMServerSpec:
@@ -40,13 +43,13 @@ def vllm_server_spec(config, target, vllm, slurm, corpus, spec) -> VLLMServerSpe
                           concurrency=vllm.extraction_concurrency)
 
 
-def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, tasks: int) -> Launch:
+def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, tasks: int, nodes: int = 1) -> Launch:
+    """The job file for ``tasks`` tasks on ``nodes`` nodes, and the launch that runs it."""
     spec = target.spec()
     name = f"eagle3-hidden_states-{dataset}"
     if config.backend == "sglang":
         from eagle3_assets.hidden_states.sglang_launch import capture_args, write_sglang_job
 
-        nodes = slurm.job_resources(config.slurm).nodes
         if nodes > 1 and not config.tp_across_nodes:  # a TP group per node, each its share of the corpus
             if tasks != nodes:
                 raise ValueError(f"a TP group per node runs one task per node; the job has {tasks} tasks on "
@@ -60,8 +63,6 @@ def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, ta
         job_path = write_sglang_job(config, spec, corpus, out, model_dtype=target.dtype)
         return Launch(name, "eagle3_assets.hidden_states.sglang_extract", ["--config", str(job_path), *capture_args()],
                       procs=config.tp_size // tasks, exports=forwarded_env())
-    if config.backend not in ("local", "vllm"):
-        raise ValueError(f"unknown hidden-state backend {config.backend!r} (expected 'local', 'sglang' or 'vllm')")
     job = ExtractionJob(
         backend=config.backend, model_path=str(spec.model_dir), target=spec.identity, corpus=str(corpus),
         out_dir=str(out), layer_ids=config.layer_ids or None, device=target.device, model_dtype=target.dtype,
@@ -78,18 +79,18 @@ def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, ta
                   exports=forwarded_env(), per_node=tasks > 1)
 
 
-def launch_on_slurm(context, config, target, vllm, slurm, layout, dataset: str) -> tuple[ExtractionReport, dict]:
-    """Run the dataset's extraction as one SLURM job; rank 0's report and the job's metadata."""
+def launch_extraction(context, config, target, vllm, slurm, launcher, layout, dataset: str) -> tuple[ExtractionReport, dict]:
+    """Run the dataset's extraction as one launch; rank 0's report (the nodes' reports combined when
+    every node had its share) and the launch's metadata."""
     out = layout.hidden_states_dir(dataset)
-    if not layout.corpus(dataset).exists():  # refused here, not after the job's wait in the queue
+    if not layout.corpus(dataset).exists():  # refused here, not after the job's wait in a queue
         raise FileNotFoundError(f"no corpus for dataset {dataset!r} at {layout.corpus(dataset)}: "
                                 f"materialize merged_corpus[{dataset}] first")
-    client = slurm.client(layout, config.slurm)
-    launch = extraction_launch(config, target, vllm, slurm, layout.corpus(dataset), out, dataset, client.resources.tasks)
-    if not scheduler.live_jobs_named(launch.name):  # what nodes of an earlier job finished, kept before it starts
+    tasks = launcher.tasks
+    launch = extraction_launch(config, target, vllm, slurm, layout.corpus(dataset), out, dataset, tasks, launcher.nodes)
+    if not launcher.running(launch.name):  # what nodes of an earlier job finished, kept before it starts
         merge_parts(out)
-    tasks = client.resources.tasks
-    invocation = client.run(context=context, launch=launch)
+    invocation = launcher.run(context, launch)
     invocation.get_results()
     if not launch.per_node:
         return load_report(out), dict(invocation.metadata)
