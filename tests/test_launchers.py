@@ -119,3 +119,27 @@ def test_a_registered_launcher_runs_the_extraction_job_the_step_would_have_run_h
         assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.aux_hidden, b.aux_hidden), sid
         assert torch.equal(a.last_hidden, b.last_hidden), sid
 
+
+def test_the_architecture_page_names_the_files_and_parts_of_a_new_launcher():
+    """docs/architecture.md's step for a new launcher names files that exist, every member of the
+    ``Launcher`` protocol and the registry; each registered launcher keeps the protocol."""
+    import re
+
+    from eagle3_assets.launchers import Launcher, get_factory
+    from eagle3_assets.paths import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    step = text[text.index("- **A new launcher**"):]
+    step = step[:step.index("\n- **", 1)]
+    paths = set(re.findall(r"`((?:eagle3_assets/|slurm/|drafter/|hidden_states/|resources/|tests/)[\w/.]*)`", step))
+    assert {"eagle3_assets/launchers.py", "slurm/launcher.py", "hidden_states/launch.py", "drafter/assets.py"} <= paths
+    for path in paths:
+        assert any((REPO_ROOT / base / path).exists() for base in ("", "eagle3_assets")), path
+    members = {n for n in Launcher.__annotations__} | {n for n in vars(Launcher) if not n.startswith("_")}
+    assert members == {"tasks", "nodes", "here", "running", "run"}
+    for name in members:
+        assert f"`{name}" in step, name
+    assert "`LAUNCHERS`" in step and "`Launch`" in step
+    for name in LAUNCHERS:  # the registered factories resolve, and their classes keep the protocol
+        cls = get_factory(name).__self__
+        assert all(hasattr(cls, m) for m in members - {"tasks", "nodes"}), name  # these two: per launch
