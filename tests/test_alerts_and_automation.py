@@ -7,7 +7,7 @@ import pytest
 
 from eagle3_assets.definitions import defs
 from eagle3_assets.partitions import datasets_partitions
-from sensors import AlertSink, FileAlertSink, make_run_failure_alert_sensor, run_failure_alerts
+from eagle3_assets.sensors import AlertSink, FileAlertSink, make_run_failure_alert_sensor, run_failure_alerts
 
 
 class MemorySink:
@@ -74,8 +74,8 @@ def test_sensors_are_registered():
 
 
 def test_prompt_files_sensor_requests_prompts_and_responses(layout):
-    from resources import StorageResource
-    from sensors import prompt_files_sensor
+    from eagle3_assets.resources import StorageResource
+    from eagle3_assets.sensors import prompt_files_sensor
     from tests.conftest import small_prompts, write_jsonl
 
     write_jsonl(layout.prompt_source("alpha"), small_prompts(1))

@@ -10,7 +10,7 @@ import dagster as dg
 from eagle3_assets.corpus.assets import merged_corpus
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
-from resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource, VLLMResource
+from eagle3_assets.resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource, VLLMResource
 
 
 class HiddenStatesConfig(dg.Config):
