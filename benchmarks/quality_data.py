@@ -26,9 +26,9 @@ def make_data(root: Path, prompts: Path, names: list[str], *, backend: str, max_
     from eagle3_assets.definitions import ALL_ASSETS, ALL_CHECKS, DATA_ASSETS, default_resources
     from eagle3_assets.launch import materialize_selection
     from eagle3_assets.partitions import datasets_partitions
+    from eagle3_assets.resources import VLLMResource
     from eagle3_assets.target.embedded import ensure_default_model
     from eagle3_assets.target.vllm_server import VLLMServer
-    from resources import VLLMResource
 
     instance = dg.DagsterInstance.get()
     known = set(instance.get_dynamic_partitions(datasets_partitions.name))

@@ -43,7 +43,7 @@ def prompts(n: int) -> list[dict]:
 
 def materialize(instance, selection, partition, run_config):
     from eagle3_assets.definitions import ALL_ASSETS, ALL_CHECKS, default_resources
-    from resources import SlurmResource
+    from eagle3_assets.resources import SlurmResource
 
     resources = {**default_resources(), "slurm": SlurmResource(poll_interval_s=0.5)}
     t0 = time.perf_counter()

@@ -46,9 +46,9 @@ from slurm_launch import prompts  # noqa: E402
 
 from eagle3_assets.definitions import ALL_ASSETS, default_resources  # noqa: E402
 from eagle3_assets.paths import DataLayout  # noqa: E402
+from eagle3_assets.resources import DatasetSettings  # noqa: E402
 from eagle3_assets.testing.slurm_cluster import local_slurm  # noqa: E402
 from eagle3_assets.testing.slurm_two_nodes import two_node_slurm  # noqa: E402
-from resources import DatasetSettings  # noqa: E402
 
 RECIPE = """
 description = "two-node benchmark"
@@ -75,7 +75,7 @@ bench = 1.0
 def launch(instance, asset: str, partition: str, config: dict, conf: Path, threads: int):
     """One materialization against the cluster ``conf``; (result, wall seconds)."""
     from eagle3_assets.definitions import ALL_CHECKS
-    from resources import SlurmResource
+    from eagle3_assets.resources import SlurmResource
 
     os.environ["SLURM_CONF"], os.environ["OMP_NUM_THREADS"] = str(conf), str(threads)
     t0 = time.perf_counter()

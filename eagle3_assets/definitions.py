@@ -12,10 +12,7 @@ from eagle3_assets.generation.assets import raw_responses
 from eagle3_assets.hidden_states.assets import hidden_states
 from eagle3_assets.hidden_states.checks import shard_integrity
 from eagle3_assets.prompts.assets import prompts
-from eagle3_assets.runs import executor as frees_dead_slots_executor
-from eagle3_assets.tokens.assets import token_ids
-from eagle3_assets.tokens.checks import TOKEN_CHECKS
-from resources import (
+from eagle3_assets.resources import (
     DatasetSettings,
     OpenRouterResource,
     SGLangResource,
@@ -24,7 +21,10 @@ from resources import (
     TargetResource,
     VLLMResource,
 )
-from sensors import prompt_files_sensor, run_failure_alerts
+from eagle3_assets.runs import executor as frees_dead_slots_executor
+from eagle3_assets.sensors import prompt_files_sensor, run_failure_alerts
+from eagle3_assets.tokens.assets import token_ids
+from eagle3_assets.tokens.checks import TOKEN_CHECKS
 
 # Downstream CPU stages follow their inputs by themselves once the daemon runs: eager, but only
 # when every blocking check on their dependencies passed (a failed check stops the cascade).

@@ -1,7 +1,8 @@
 """Run-failure alerts: every failed run becomes one JSON line in ``alerts.jsonl`` and a log line.
 
 Where the alert goes is pluggable: anything with ``send(alert: dict) -> None`` is an
-:class:`AlertSink`. The default appends to ``DataLayout.alerts_file``; a Slack or PagerDuty
+:class:`AlertSink`. The default appends to the ``alerts.jsonl`` of the ``storage`` resource's data
+root (the one the run wrote to, whatever ``storage.root`` is set to); a Slack or PagerDuty
 sink is a few lines (and should read its token from the environment, never from the alert).
 """
 
@@ -15,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import dagster as dg
 
-from eagle3_assets.paths import DataLayout
+from eagle3_assets.resources import StorageResource
 
 MAX_MESSAGE = 2000
 # Keys whose values never go into an alert, wherever they appear in a message.
@@ -30,12 +31,8 @@ class AlertSink(Protocol):
 class FileAlertSink:
     """Appends each alert as one JSON line (fsync'd) to a file."""
 
-    def __init__(self, path: Path | None = None):
-        self._path = Path(path) if path else None
-
-    @property
-    def path(self) -> Path:
-        return self._path or DataLayout.from_env().alerts_file
+    def __init__(self, path: Path):
+        self.path = Path(path)
 
     def send(self, alert: dict) -> None:
         path = self.path
@@ -88,7 +85,7 @@ def build_alert(context) -> dict:
 
 
 def make_run_failure_alert_sensor(sink: AlertSink | None = None, name: str = "run_failure_alerts"):
-    sink = sink or FileAlertSink()
+    """Without ``sink``, alerts go to ``alerts.jsonl`` under the ``storage`` resource's data root."""
 
     @dg.run_failure_sensor(
         name=name,
@@ -96,9 +93,9 @@ def make_run_failure_alert_sensor(sink: AlertSink | None = None, name: str = "ru
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Appends an alert (run, job, partition, failed steps, error) to alerts.jsonl for every failed run.",
     )
-    def _sensor(context: dg.RunFailureSensorContext):
+    def _sensor(context: dg.RunFailureSensorContext, storage: StorageResource):
         alert = build_alert(context)
-        sink.send(alert)
+        (sink or FileAlertSink(storage.layout.alerts_file)).send(alert)
         context.log.error(
             f"run {alert['run_id'][:8]} of {alert['job']} failed"
             f"{' for partition ' + alert['partition'] if alert['partition'] else ''}: "

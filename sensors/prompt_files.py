@@ -10,7 +10,7 @@ import dagster as dg
 from eagle3_assets.generation.assets import raw_responses
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.assets import prompts
-from resources import StorageResource
+from eagle3_assets.resources import StorageResource
 
 # Local generation, the asset's default backend; other backends are launched with their config.
 REQUESTED = [prompts.key, raw_responses.key]

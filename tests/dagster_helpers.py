@@ -4,7 +4,7 @@ import dagster as dg
 
 from eagle3_assets.definitions import DATA_ASSETS, DATA_CHECKS, default_resources
 from eagle3_assets.partitions import datasets_partitions
-from resources import TargetResource
+from eagle3_assets.resources import TargetResource
 
 
 def small_run_config(max_new_tokens: int = 16, **extra) -> dict:

@@ -17,8 +17,8 @@ import pytest
 from eagle3_assets import cli
 from eagle3_assets.definitions import defs
 from eagle3_assets.prompts.options import ReadOptions
-from resources import StorageResource
-from sensors import prompt_files_sensor
+from eagle3_assets.resources import StorageResource
+from eagle3_assets.sensors import prompt_files_sensor
 from tests.conftest import small_prompts, write_jsonl
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from eagle3_assets.definitions import defs
 from eagle3_assets.partitions import datasets_partitions
-from sensors import AlertSink, FileAlertSink, make_run_failure_alert_sensor, run_failure_alerts
+from eagle3_assets.resources import StorageResource
+from eagle3_assets.sensors import AlertSink, FileAlertSink, make_run_failure_alert_sensor, run_failure_alerts
 
 
 class MemorySink:
@@ -23,7 +24,7 @@ def broken(context) -> None:
     raise RuntimeError(f"disk full while writing {context.partition_key}")
 
 
-def _failure_context(instance, monkeypatch, secret="sk-or-very-secret-key"):
+def _failure_context(instance, monkeypatch, secret="sk-or-very-secret-key", storage=None):
     monkeypatch.setenv("OPENROUTER_API_KEY", secret)
 
     @dg.asset(partitions_def=datasets_partitions)
@@ -37,6 +38,7 @@ def _failure_context(instance, monkeypatch, secret="sk-or-very-secret-key"):
     run = instance.get_run_by_id(result.run_id)
     ctx = dg.build_run_status_sensor_context(
         sensor_name="run_failure_alerts", dagster_event=failure, dagster_instance=instance, dagster_run=run,
+        resources={"storage": storage or StorageResource()},
     ).for_run_failure()
     return ctx, result.run_id
 
@@ -57,9 +59,21 @@ def test_failed_run_becomes_an_alert_line_without_secrets(layout, monkeypatch):
     assert alert["error"]
 
 
+def test_alerts_go_under_the_storage_resources_root_not_the_environments(layout, monkeypatch, tmp_path):
+    """The storage resource is the data root's one source: with its root set elsewhere than
+    $EAGLE3_HOME, the failed run's alert lands under that root and nothing is written under the other."""
+    configured = tmp_path / "configured-root"
+    with dg.instance_for_test() as instance:
+        ctx, run_id = _failure_context(instance, monkeypatch, storage=StorageResource(root=str(configured)))
+        run_failure_alerts(ctx)
+    lines = (configured / "alerts.jsonl").read_text().splitlines()
+    assert [json.loads(line)["run_id"] for line in lines] == [run_id]
+    assert not layout.alerts_file.exists()
+
+
 def test_alert_sink_is_pluggable(layout, monkeypatch):
     sink = MemorySink()
-    assert isinstance(sink, AlertSink) and isinstance(FileAlertSink(), AlertSink)
+    assert isinstance(sink, AlertSink) and isinstance(FileAlertSink(layout.alerts_file), AlertSink)
     sensor = make_run_failure_alert_sensor(sink, name="memory_alerts")
     with dg.instance_for_test() as instance:
         ctx, run_id = _failure_context(instance, monkeypatch)
@@ -74,8 +88,8 @@ def test_sensors_are_registered():
 
 
 def test_prompt_files_sensor_requests_prompts_and_responses(layout):
-    from resources import StorageResource
-    from sensors import prompt_files_sensor
+    from eagle3_assets.resources import StorageResource
+    from eagle3_assets.sensors import prompt_files_sensor
     from tests.conftest import small_prompts, write_jsonl
 
     write_jsonl(layout.prompt_source("alpha"), small_prompts(1))

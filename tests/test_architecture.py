@@ -10,16 +10,19 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("eagle3_assets", "resources", "sensors", "benchmarks")
+# folder -> the dotted name its modules are imported as: the top-level resources/ and sensors/ folders
+# are installed inside eagle3_assets (setup.py), so their modules are eagle3_assets.resources.*.
+PACKAGES = {"eagle3_assets": "eagle3_assets", "resources": "eagle3_assets.resources",
+            "sensors": "eagle3_assets.sensors", "benchmarks": "benchmarks"}
 MAX_LINES = 400
 
 
 def project_modules(root: Path = ROOT) -> dict[str, Path]:
     """Dotted module name -> file, for every .py file of the project's packages."""
     modules: dict[str, Path] = {}
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = list(path.relative_to(root).with_suffix("").parts)
+    for folder, dotted in PACKAGES.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = [dotted, *path.relative_to(root / folder).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             modules[".".join(parts)] = path
@@ -142,7 +145,76 @@ def test_the_cycle_check_names_an_injected_cycle(tmp_path):
     (package / "__init__.py").write_text("from .a import f\n")
     (package / "a.py").write_text("from eagle3_assets.stage.b import g\n\ndef f():\n    return g\n")
     (package / "b.py").write_text("def g():\n    from . import a\n    return a\n")
-    for other in PACKAGES[1:]:
+    for other in list(PACKAGES)[1:]:
         (tmp_path / other).mkdir()
     cycles = find_cycles(_without_package_inits(import_graph(tmp_path)))
     assert cycles == [["eagle3_assets.stage.a", "eagle3_assets.stage.b"]]
+
+
+def checkout_only_imports(root: Path = ROOT) -> list[str]:
+    """`file:line name` for each import of a top-level `resources` or `sensors`: those names exist only
+    in a checkout (the wheel ships the folders as eagle3_assets.resources and eagle3_assets.sensors)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if {"data", "build", "test-artifacts"} & set(path.relative_to(root).parts[:1]) or ".venv" in str(path):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.relative_to(root)}:{node.lineno} {n}" for n in names
+                      if n.partition(".")[0] in ("resources", "sensors")]
+    return found
+
+
+def test_nothing_imports_resources_or_sensors_as_top_level_packages():
+    assert not checkout_only_imports(), "import eagle3_assets.resources / eagle3_assets.sensors instead: " + ", ".join(
+        checkout_only_imports())
+
+
+def test_the_import_check_names_an_injected_top_level_import(tmp_path):
+    (tmp_path / "tool.py").write_text("import os\n\ndef f():\n    from resources import StorageResource\n")
+    (tmp_path / "other.py").write_text("import sensors.alerts\nfrom eagle3_assets.sensors import build_alert\n")
+    assert checkout_only_imports(tmp_path) == ["other.py:1 sensors.alerts", "tool.py:4 resources"]
+
+
+# The data root's one rule is DataLayout.from_env (``$EAGLE3_HOME``, else ``data/``); inside a run
+# every stage and sensor takes it from the `storage` resource. These are the only modules that read
+# it from the environment, each where no resource exists (docs/architecture.md, "The data root").
+ENVIRONMENT_ROOT_READERS = {
+    "eagle3_assets.resources.storage": "the storage resource itself: its root, else the rule",
+    "eagle3_assets.resources.target": "the model cache ($EAGLE3_MODEL_CACHE, else under the root)",
+    "eagle3_assets.drafter.recipes": "the recipe partitions, listed when the definitions load",
+    "eagle3_assets.cli": "the CLI, outside Dagster; it hands its root to Dagster as $EAGLE3_HOME",
+    "eagle3_assets.demo": "the demo, outside Dagster, as the CLI",
+    "eagle3_assets.drafter.vllm_acceptance": "a measurement run by hand, its layout a parameter",
+}
+
+
+def environment_root_readers(root: Path = ROOT) -> set[str]:
+    """Shipped modules that call DataLayout.from_env or default_data_root (paths.py, the rule, aside)."""
+    found = set()
+    for name, path in project_modules(root).items():
+        if name.startswith("benchmarks") or name == "eagle3_assets.paths":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            func = node.func if isinstance(node, ast.Call) else None
+            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if called in ("from_env", "default_data_root"):
+                found.add(name)
+    return found
+
+
+def test_the_data_root_comes_from_the_environment_only_where_no_resource_exists():
+    assert environment_root_readers() == set(ENVIRONMENT_ROOT_READERS), (
+        "modules reading the data root from the environment changed: inside a run take it from the "
+        f"storage resource; found {sorted(environment_root_readers())}")
+
+
+def test_the_root_reader_check_names_an_injected_reader(tmp_path):
+    for folder in PACKAGES:
+        (tmp_path / folder).mkdir()
+    (tmp_path / "resources" / "storage.py").write_text("def layout(root):\n    return DataLayout.from_env(root)\n")
+    (tmp_path / "eagle3_assets" / "stage.py").write_text("from eagle3_assets.paths import default_data_root as r\n"
+                                                         "def f():\n    return default_data_root()\n")
+    (tmp_path / "eagle3_assets" / "paths.py").write_text("def default_data_root():\n    return 1\n")
+    assert environment_root_readers(tmp_path) == {"eagle3_assets.resources.storage", "eagle3_assets.stage"}

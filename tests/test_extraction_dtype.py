@@ -15,8 +15,8 @@ from eagle3_assets.hidden_states.assets import HiddenStatesConfig, build_extract
 from eagle3_assets.hidden_states.launch import extraction_launch
 from eagle3_assets.hidden_states.sglang_launch import write_sglang_job
 from eagle3_assets.hidden_states.tensor_parallel import Group
+from eagle3_assets.resources import SlurmResource, TargetResource, VLLMResource
 from eagle3_assets.target import precision
-from resources import SlurmResource, TargetResource, VLLMResource
 from tests.test_hidden_states import make_corpus
 
 

@@ -119,7 +119,7 @@ def test_unanswered_prompts_warn_and_are_listed_with_their_reason(layout, env_ke
 @pytest.mark.parametrize("policy,passes", [("expected", True), ("strict", False)])
 def test_budget_check_allows_the_expected_policy_its_one_percent(layout, policy, passes):
     """1,004 tokens against a budget of 1,000: within what the expected policy may end at, not strict's."""
-    from resources import DatasetSettings
+    from eagle3_assets.resources import DatasetSettings
 
     write_prompts(layout, "over", 4)
     store = ResponseStore(layout.responses_dir("over"))
@@ -142,7 +142,7 @@ def test_budget_check_judges_the_budget_configured_now(layout):
     configured budget, names it and where it came from, and says what inventory had recorded."""
     from eagle3_assets.corpus.assets import inventory
     from eagle3_assets.corpus.checks import token_budget
-    from resources import DatasetSettings
+    from eagle3_assets.resources import DatasetSettings
 
     write_prompts(layout, "later", 4)
     store = ResponseStore(layout.responses_dir("later"))

@@ -93,9 +93,9 @@ def test_stop_token_kept_in_text_is_not_counted_twice(kimi):
 
 def test_sglang_text_options_are_sent_and_shape_the_text(kimi):
     from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
+    from eagle3_assets.resources import SGLangResource
     from eagle3_assets.testing.loopback.generators import ModelGenerator, Output
     from eagle3_assets.testing.loopback.sglang_app import SGLangApp
-    from resources import SGLangResource
 
     req = SampleRequest(sample_id="s1", dataset="d", prompt_id="p", sample_index=0,
                         messages=[{"role": "user", "content": "Hi"}])
@@ -285,10 +285,10 @@ def test_kimi_mini_thinking_rows_over_sglang_http_calibrate(kimi_mini_dir):
     import httpx
 
     from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
+    from eagle3_assets.resources import SGLangResource
     from eagle3_assets.target.embedded import EmbeddedModel
     from eagle3_assets.testing.loopback import ModelGenerator, SGLangApp, serve_in_thread
     from eagle3_assets.tokens.tokenizer import token_agreement
-    from resources import SGLangResource
 
     tok = TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True)
     with serve_in_thread(SGLangApp(ModelGenerator(EmbeddedModel(kimi_mini_dir, tokenizer=tok)))) as srv:

@@ -14,6 +14,7 @@ import site
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,7 @@ def installed(tmp_path_factory):
     outside.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "EAGLE3_HOME", "PYTHONPATH")}
     env.update(EAGLE3_HOME=str(work / "data"), HF_HUB_OFFLINE="1")
-    return py, env_dir, outside, env
+    return py, env_dir, outside, env, wheel
 
 
 def _run(cmd, outside, env):
@@ -57,8 +58,8 @@ def _run(cmd, outside, env):
 
 
 def test_the_wheel_is_used_not_the_checkout(installed):
-    py, env_dir, outside, env = installed
-    script = ("import eagle3_assets, resources, sensors\n"
+    py, env_dir, outside, env, _ = installed
+    script = ("import eagle3_assets, eagle3_assets.resources as resources, eagle3_assets.sensors as sensors\n"
               "from eagle3_assets.demo import DEMO_PROMPTS\n"
               "from eagle3_assets.drafter.recipes import list_recipes, load_recipe\n"
               "print(eagle3_assets.__file__); print(resources.__file__); print(sensors.__file__)\n"
@@ -72,8 +73,23 @@ def test_the_wheel_is_used_not_the_checkout(installed):
 
 
 def test_definitions_validate_and_cli_paths_from_outside_the_repo(installed):
-    py, env_dir, outside, env = installed
+    py, env_dir, outside, env, _ = installed
     out = _run([str(py), "-m", "dagster", "definitions", "validate", "-m", "eagle3_assets.definitions"], outside, env)
     assert "Validation successful" in out or "eagle3_assets" in out
     out = _run([str(env_dir / "bin" / "eagle3"), "paths"], outside, env)
     assert f"data root        {env['EAGLE3_HOME']}" in out
+
+
+def test_the_wheel_installs_one_top_level_package(installed):
+    """The repository's top-level resources/ and sensors/ folders ship inside eagle3_assets: a generic
+    top-level `resources` or `sensors` would collide with any other distribution's."""
+    py, env_dir, outside, env, wheel = installed
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert top == {"eagle3_assets"}, sorted(top)
+    for folder in ("resources", "sensors"):
+        shipped = {n.split("/")[-1] for n in names if n.startswith(f"eagle3_assets/{folder}/") and n.endswith(".py")}
+        assert shipped == {p.name for p in (REPO_ROOT / folder).glob("*.py")}, folder
+    script = ("import importlib.util\n"
+              "print([n for n in ('resources', 'sensors') if importlib.util.find_spec(n) is not None])\n")
+    assert _run([str(py), "-c", script], outside, env).strip() == "[]"

@@ -52,7 +52,7 @@ def test_one_partition_end_to_end_then_resume_generates_nothing(layout, model_di
 
 def test_budget_is_never_exceeded(layout, model_dir):
     write_jsonl(layout.prompt_source("capped"), small_prompts(6))
-    from resources import DatasetSettings
+    from eagle3_assets.resources import DatasetSettings
 
     with dg.instance_for_test() as instance:
         result = run_dataset(instance, "capped", resources={"dataset_settings": DatasetSettings(default_budget_tokens=30)},

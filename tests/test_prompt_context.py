@@ -168,7 +168,7 @@ def test_generation_refuses_replies_longer_than_the_prompts_reserved(layout, tar
 
 
 def test_the_context_reserve_is_a_dataset_setting(layout, target_tokenizer):
-    from resources import DatasetSettings
+    from eagle3_assets.resources import DatasetSettings
 
     write_jsonl(layout.prompt_source("tight"), small_prompts(2))
     n = len(target_tokenizer.render_prompt(small_prompts(1)[0]["messages"]))

@@ -316,7 +316,7 @@ def test_prompt_longer_than_the_context(kimi, target_tokenizer):
 
 
 def test_target_resource_passes_thinking_and_remote_code(kimi_dir):
-    from resources import TargetResource
+    from eagle3_assets.resources import TargetResource
 
     res = TargetResource(tokenizer=str(kimi_dir), end_of_turn="<|im_end|>", trust_remote_code=True, thinking=False)
     tok = res.load_tokenizer()

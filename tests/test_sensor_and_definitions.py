@@ -7,8 +7,8 @@ import dagster as dg
 
 from eagle3_assets.definitions import defs
 from eagle3_assets.paths import REPO_ROOT
-from resources import StorageResource
-from sensors import prompt_files_sensor
+from eagle3_assets.resources import StorageResource
+from eagle3_assets.sensors import prompt_files_sensor
 from tests.conftest import small_prompts, write_jsonl
 
 

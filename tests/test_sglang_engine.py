@@ -14,9 +14,9 @@ import polars as pl
 import pytest
 
 from eagle3_assets.generation.response_store import ResponseStore
+from eagle3_assets.resources import SGLangResource
 from eagle3_assets.target.engines import SGLANG_VERSION, EngineVersionError
 from eagle3_assets.target.sglang_server import SGLangServer, check_supported, installed_version
-from resources import SGLangResource
 from tests.conftest import small_prompts, write_jsonl
 from tests.dagster_helpers import run_dataset, small_run_config
 

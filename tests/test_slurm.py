@@ -62,7 +62,7 @@ def _failures(result) -> list[str]:
 
 def _materialize(instance, asset: str, partition: str, config: dict, **resources):
     from eagle3_assets.definitions import ALL_ASSETS, ALL_CHECKS, default_resources
-    from resources import SlurmResource
+    from eagle3_assets.resources import SlurmResource
 
     res = {**default_resources(), "slurm": SlurmResource(poll_interval_s=0.5), **resources}
     return dg.materialize([*ALL_ASSETS, *ALL_CHECKS], selection=[asset], partition_key=partition, instance=instance,
@@ -73,7 +73,7 @@ def _materialize(instance, asset: str, partition: str, config: dict, **resources
 def corpus_root(tmp_path_factory, name: str):
     """A data root with the corpus of one dataset (half held out, for the drafter's evaluation)."""
     from eagle3_assets.paths import DataLayout
-    from resources import DatasetSettings
+    from eagle3_assets.resources import DatasetSettings
 
     layout = DataLayout(tmp_path_factory.mktemp(name) / "data")
     with pytest.MonkeyPatch.context() as mp:

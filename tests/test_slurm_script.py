@@ -118,7 +118,7 @@ def test_a_failing_setup_line_ends_the_job_before_the_stage(tmp_path):
 
 def test_the_resource_shape_with_per_launch_overrides(tmp_path):
     from eagle3_assets.paths import DataLayout
-    from resources import SlurmJobConfig, SlurmResource
+    from eagle3_assets.resources import SlurmJobConfig, SlurmResource
 
     r = SlurmResource(partition="h200", nodes=1, gpus_per_node=8, time_limit="12:00:00", sbatch_options=["--exclusive"],
                       venv="/shared/venv")
@@ -199,7 +199,7 @@ def test_the_documented_cluster_configs_are_valid_run_config(name, asset, tmp_pa
 
     from eagle3_assets.definitions import defs
     from eagle3_assets.paths import REPO_ROOT, DataLayout
-    from resources import SlurmResource
+    from eagle3_assets.resources import SlurmResource
 
     run_config = yaml.safe_load((REPO_ROOT / "deploy" / "slurm" / f"{name}.yaml").read_text())
     assert dg.validate_run_config(defs.resolve_implicit_global_asset_job_def(), run_config)

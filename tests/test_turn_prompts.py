@@ -13,8 +13,8 @@ from eagle3_assets.prompts.options import ReadOptions
 from eagle3_assets.prompts.reader import PromptReader
 from eagle3_assets.prompts.table import read_conversations, read_prompt_table, write_prompt_table
 from eagle3_assets.prompts.turns import conversation_id, prompts_per_conversation_rows
+from eagle3_assets.resources import SGLangResource, TargetResource
 from eagle3_assets.testing.loopback import ModelGenerator, SGLangApp, serve_in_thread
-from resources import SGLangResource, TargetResource
 from tests.conftest import write_jsonl
 from tests.dagster_helpers import run_dataset, small_run_config
 

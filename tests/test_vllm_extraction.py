@@ -69,7 +69,7 @@ def test_hidden_states_asset_through_vllm(layout, ext_server, model_dir):
     from eagle3_assets.hidden_states.checks import shard_integrity
     from eagle3_assets.hidden_states.extractors import LocalExtractor
     from eagle3_assets.hidden_states.reader import ShardReader
-    from resources import VLLMResource
+    from eagle3_assets.resources import VLLMResource
     from tests.conftest import small_prompts, write_jsonl
     from tests.dagster_helpers import checks_by_name, run_dataset
 

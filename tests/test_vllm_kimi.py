@@ -83,7 +83,7 @@ def test_vllm_serves_kimi_mini_as_k25_and_generation_keeps_native_ids(spec_serve
 
     from eagle3_assets.generation.response_store import ResponseStore
     from eagle3_assets.paths import DataLayout
-    from resources import VLLMResource
+    from eagle3_assets.resources import VLLMResource
     from tests.dagster_helpers import checks_by_name, run_dataset
 
     log = spec_server.log_path.read_text(errors="replace")

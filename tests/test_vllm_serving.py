@@ -58,7 +58,7 @@ def data_root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def vllm_dataset(data_root, spec_server):
     """The ``qa`` dataset generated through the vLLM backend, up to its merged corpus."""
-    from resources import VLLMResource
+    from eagle3_assets.resources import VLLMResource
     from tests.dagster_helpers import run_dataset
 
     prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": q}]} for i, q in enumerate(HELD_OUT)]

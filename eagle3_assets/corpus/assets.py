@@ -13,8 +13,8 @@ from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.plots import length_histogram
 from eagle3_assets.prompts.table import read_conversations
+from eagle3_assets.resources import DatasetSettings, StorageResource
 from eagle3_assets.tokens.assets import token_ids
-from resources import DatasetSettings, StorageResource
 
 SHOWN = ["source", "responses", "completion_tokens", "mean_len", "p50_len", "p95_len",
          "finish_reasons", "budget_used", "budget_remaining", "cost_usd", "billed_usd", "billed_dead_runs_usd", "missing",

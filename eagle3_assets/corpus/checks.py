@@ -12,8 +12,8 @@ from eagle3_assets.generation.response_store import ResponseStore
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.querying import SAMPLE, name_rows, query_rows
+from eagle3_assets.resources import DatasetSettings, StorageResource
 from eagle3_assets.tokens.digest import verify_token_table
-from resources import DatasetSettings, StorageResource
 
 
 @dg.asset_check(asset=inventory, blocking=True, partitions_def=datasets_partitions, pool="duckdb",

@@ -16,7 +16,7 @@ from eagle3_assets.drafter.recipes import RecipeError, list_recipes, load_recipe
 from eagle3_assets.hidden_states.assets import hidden_states
 from eagle3_assets.launchers import Launch, LauncherName, forwarded_env, open_launcher
 from eagle3_assets.metadata import md_table
-from resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource
+from eagle3_assets.resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource
 
 recipe_partitions = dg.StaticPartitionsDefinition(list_recipes() or ["demo"])
 

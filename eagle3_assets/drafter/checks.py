@@ -7,7 +7,7 @@ import dagster as dg
 
 from eagle3_assets.drafter.assets import drafter_checkpoint, recipe_partitions
 from eagle3_assets.metadata import md_table
-from resources import StorageResource
+from eagle3_assets.resources import StorageResource
 
 
 def acceptance_problems(ev: dict, settings) -> list[str]:

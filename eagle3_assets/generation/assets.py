@@ -26,8 +26,15 @@ from eagle3_assets.generation.tool_calls import TOOLS_SENT, TOOLS_UNUSED, unused
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.assets import prompts
+from eagle3_assets.resources import (
+    DatasetSettings,
+    OpenRouterResource,
+    SGLangResource,
+    StorageResource,
+    TargetResource,
+    VLLMResource,
+)
 from eagle3_assets.runs import pool_slot
-from resources import DatasetSettings, OpenRouterResource, SGLangResource, StorageResource, TargetResource, VLLMResource
 
 BACKENDS = ("local", "sglang", "openrouter", "vllm")  # the one list: the config's typed choice is built from it
 Backend = Literal[BACKENDS]  # a name outside BACKENDS is refused by the config schema, naming them

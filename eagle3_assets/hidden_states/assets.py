@@ -12,7 +12,7 @@ from eagle3_assets.corpus.assets import merged_corpus
 from eagle3_assets.launchers import LauncherName, open_launcher
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
-from resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource, VLLMResource
+from eagle3_assets.resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource, VLLMResource
 
 EXTRACTION_BACKENDS = ("local", "sglang", "vllm")  # the config's `backend` choices
 IN_STEP_BACKENDS = ("local", "vllm")  # extracted in the step itself when the launcher runs here (docs/architecture.md)

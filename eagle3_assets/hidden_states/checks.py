@@ -5,7 +5,7 @@ import dagster as dg
 from eagle3_assets.hidden_states.assets import hidden_states
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
-from resources import StorageResource
+from eagle3_assets.resources import StorageResource
 
 
 @dg.asset_check(asset=hidden_states, blocking=True, partitions_def=datasets_partitions,

@@ -16,7 +16,7 @@ from eagle3_assets.prompts.options import ReadOptions
 from eagle3_assets.prompts.problems import PromptFileError
 from eagle3_assets.prompts.reader import PromptReader
 from eagle3_assets.prompts.turns import prompts_per_conversation_rows
-from resources import DatasetSettings, StorageResource, TargetResource
+from eagle3_assets.resources import DatasetSettings, StorageResource, TargetResource
 
 
 class PromptsConfig(dg.Config):

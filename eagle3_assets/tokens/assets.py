@@ -15,9 +15,9 @@ from eagle3_assets.generation.response_store import ResponseStore
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.table import read_prompt_table
+from eagle3_assets.resources import StorageResource, TargetResource
 from eagle3_assets.tokens.table import agreement_summary, write_token_table
 from eagle3_assets.tokens.tokenizer import build_token_row
-from resources import StorageResource, TargetResource
 
 
 class TokenIdsConfig(dg.Config):

@@ -9,8 +9,8 @@ import dagster as dg
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.querying import SAMPLE, name_rows, query_rows
+from eagle3_assets.resources import DatasetSettings, StorageResource, TargetResource
 from eagle3_assets.tokens.assets import token_ids
-from resources import DatasetSettings, StorageResource, TargetResource
 
 
 @dg.asset_check(asset=token_ids, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
