@@ -14,6 +14,7 @@ import copy
 import pytest
 import torch
 
+from benchmarks.training_memory import random_batch
 from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter, build_drafter
 from eagle3_assets.drafter.training.config import RuntimeSettings, TrainSettings
 from eagle3_assets.drafter.training.loop import Trainer
@@ -129,7 +130,7 @@ def test_activation_estimate_against_the_bytes_autograd_saves(shape, dtype):
     lengths = [300, 200, 60]
     settings = TrainSettings(max_steps=1, ttt_steps=3, feature_noise=0.1)
     trainer = Trainer(settings, model, Batches([]), Teacher(head, vmap, dtype=dtype), "unused", compute_dtype=dtype)
-    got, rows = saved_bytes(trainer, batch_of_shape(lengths, cfg.hidden_size, head, vmap))
+    got, rows = saved_bytes(trainer, random_batch(lengths, cfg.hidden_size, head, vmap))
     c = torch.finfo(dtype).bits // 8
     share = sum(rows) / len(rows) / sum(lengths)
     est = activation_bytes(cfg, BatchShape(sum(lengths), max(lengths), share, sum(n * n for n in lengths)), 3, c,
@@ -139,24 +140,9 @@ def test_activation_estimate_against_the_bytes_autograd_saves(shape, dtype):
     assert est == pytest.approx(got, rel=0.08), f"estimated {est:,} bytes, autograd saved {got:,}"
 
 
-def batch_of_shape(lengths, h, head, vmap):
-    g = torch.Generator().manual_seed(0)
-    b, t = len(lengths), max(lengths)
-    out = {"input_ids": torch.zeros(b, t, dtype=torch.long), "loss_mask": torch.zeros(b, t, dtype=torch.long),
-           "attention_mask": torch.zeros(b, t, dtype=torch.long), "aux_hidden": torch.zeros(b, t, 3 * h),
-           "last_hidden": torch.zeros(b, t, h)}
-    for i, n in enumerate(lengths):
-        ids = vmap.target_ids[torch.randint(0, len(vmap.target_ids), (n,), generator=g)]
-        out["input_ids"][i, :n], out["attention_mask"][i, :n] = ids, 1
-        out["loss_mask"][i, n // 3: n] = 1
-        out["aux_hidden"][i, :n] = torch.randn(n, 3 * h, generator=g)
-        out["last_hidden"][i, :n] = head[ids.roll(-1)] * 2 + torch.randn(n, h, generator=g)
-    return out
-
-
 def test_recomputed_steps_keep_a_fraction_of_what_the_plain_step_saves():
     cfg, model, vmap, head = shaped(**SHAPES[1])
-    batch = batch_of_shape([300, 200], cfg.hidden_size, head, vmap)
+    batch = random_batch([300, 200], cfg.hidden_size, head, vmap)
     figures = {}
     for memory in (StepMemory(), StepMemory(checkpoint=True, loss_chunk_rows=64)):
         trainer = Trainer(TrainSettings(max_steps=1, ttt_steps=3), model, Batches([]), Teacher(head, vmap), "unused",
