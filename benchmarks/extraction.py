@@ -270,7 +270,10 @@ def main() -> None:
     figures["model"] = args.model
     from results import record
 
-    record(args.name or ("extraction_cuda" if gpu else "extraction"), figures)
+    # the scratch folder is this machine's, not a condition of the figures
+    command = [Path(sys.argv[0]).name] + ["<scratch>" if sys.argv[i - 1] == "--out" else a.split("=")[0] + "=<scratch>"
+                                          if a.startswith("--out=") else a for i, a in enumerate(sys.argv) if i]
+    record(args.name or ("extraction_cuda" if gpu else "extraction"), figures, command=command)
 
 
 if __name__ == "__main__":
