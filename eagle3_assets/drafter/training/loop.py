@@ -246,6 +246,7 @@ class Trainer:
             self.weighted_loss(terms, n, alpha).backward()
         else:  # the counts are known before any forward: each micro-batch's backward frees its activations
             staged = [self.stage(p) for p in parts]
+            parts[:] = [None] * len(parts)  # the packed copies are all the step reads now: free the padded batches
             counts = torch.tensor([[float(st[0].logit_rows[i].numel()) for i in range(s.ttt_steps)] for st in staged],
                                   device=self.device).sum(0)
             counts = all_reduce_sum(torch.cat([counts, tokens.to(self.device).reshape(1)]))

@@ -236,7 +236,6 @@ def estimate_step(cfg, *, ttt_steps: int, rank_sequences: int, max_length: int, 
     state = 8 if optimizer == "adamw" else 6  # muon: momentum on most weights, AdamW pairs on the head and norms
     tokens = rank_sequences * max_length
     micro = memory.micro_batch_tokens or tokens
-    micro_sequences = max(1, micro // max_length)
     shape = BatchShape(tokens=min(micro, tokens), longest=max_length, counted_share=counted_share)
     acts = activation_bytes(cfg, shape, ttt_steps, c, memory, attention_kernel(cfg, device_type), e)
     kernel = attention_kernel(cfg, device_type)
@@ -253,7 +252,6 @@ def estimate_step(cfg, *, ttt_steps: int, rank_sequences: int, max_length: int, 
         **{f"activations_{k}": v for k, v in acts.items()},
         "backward_workset": min(micro, tokens) * max(_layer_bytes(cfg, s, c, kernel, e) for s in range(ttt_steps)),
     }
-    del micro_sequences
     return MemoryEstimate(parts, memory, capacity)
 
 
