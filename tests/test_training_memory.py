@@ -216,3 +216,19 @@ def test_the_asset_plans_before_launching_and_refuses_what_cannot_fit():
         preflight_memory("kimi-k2.5", job, target, DrafterTrainingConfig(gpu_memory_gib=24, nproc_per_node=8))
     if not torch.cuda.is_available():  # no GPU named and none here: each rank plans on its own device
         assert preflight_memory("kimi-k2.5", job, target, DrafterTrainingConfig()) is None
+
+
+def test_growing_segments_are_for_the_training_only(monkeypatch):
+    """Set while training and taken back, so a vLLM server started later does not inherit it."""
+    import os
+
+    from eagle3_assets.drafter.training.job import growing_segments
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    with growing_segments():
+        assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    with growing_segments():
+        assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"

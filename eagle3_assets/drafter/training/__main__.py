@@ -12,12 +12,9 @@ import json
 import os
 import sys
 
-# Before torch is imported: growing segments instead of a new block for every size (see run_job).
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-
-from eagle3_assets.drafter.training.config import TrainJob  # noqa: E402
-from eagle3_assets.drafter.training.distributed import close_distributed  # noqa: E402
-from eagle3_assets.drafter.training.job import MemoryPlanError, run_job  # noqa: E402
+from eagle3_assets.drafter.training.config import TrainJob
+from eagle3_assets.drafter.training.distributed import close_distributed
+from eagle3_assets.drafter.training.job import MemoryPlanError, run_job
 
 
 def _open_pipes():

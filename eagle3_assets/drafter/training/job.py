@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -80,14 +81,35 @@ def memory_plan(job: TrainJob, dcfg: DrafterConfig, device: torch.device, world:
     return plan
 
 
+@contextmanager
+def growing_segments():
+    """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` while training, unless the user set it.
+
+    Read at the first CUDA allocation: segments that grow instead of a new block for every size, so
+    a step's varying shapes do not strand memory (137 of 141 GiB reserved for 67 allocated, without).
+    Taken back afterwards, so engines started later from the same process (vLLM's hidden-states
+    connector refuses the setting) never inherit it.
+    """
+    if "PYTORCH_CUDA_ALLOC_CONF" in os.environ:
+        yield
+        return
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    try:
+        yield
+    finally:
+        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+
+
 def run_job(job: TrainJob, on_metrics=None) -> dict:
     """Train (or resume) the job's drafter; rank 0 exports it and writes ``result.json``."""
+    with growing_segments():
+        return _run_job(job, on_metrics)
+
+
+def _run_job(job: TrainJob, on_metrics) -> dict:
     t_start = time.perf_counter()
     if job.runtime.threads > 0:
         torch.set_num_threads(job.runtime.threads)
-    # Set before the first CUDA allocation: segments that grow instead of new blocks for every size,
-    # so a step's varying shapes do not strand memory (137 of 141 GiB reserved for 67 allocated, without).
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     device = init_distributed(job.runtime.device)
     rank, world = dist_info()
     out_dir = Path(job.out_dir)
