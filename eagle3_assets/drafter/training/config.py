@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from eagle3_assets.hidden_states.spool.settings import StreamSettings
 from eagle3_assets.job_file import JobFile
 
 
@@ -206,6 +207,7 @@ class TrainJob(JobFile):
     target_dir: str  # the target's HF directory (config.json + safetensors)
     out_dir: str
     datasets: dict[str, float]  # hidden-state shard directory -> mixing weight (train split)
+    stream: StreamSettings | None = None  # set: train from the spool as producers capture (datasets unused)
     training: TrainSettings
     shape: DraftShape
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)

@@ -115,7 +115,14 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
     out_dir = Path(job.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     s = job.training
-    dataset = ShardDataset(job.datasets, max_length=s.max_length, seed=s.seed)
+    stream = None
+    if job.stream is not None:  # the spool, filled by producers while this trains (drafter/training/stream.py)
+        from eagle3_assets.drafter.training.stream import open_stream
+
+        dataset, plan, stream = open_stream(job.stream, s, rank=rank, world=world,
+                                            target_config=read_target_config(job.target_dir))
+    else:
+        dataset = ShardDataset(job.datasets, max_length=s.max_length, seed=s.seed)
     dcfg = drafter_config(job, dataset)
     counts = dataset.token_counts(dcfg.vocab_size)
     if rank == 0:
@@ -126,8 +133,8 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
     check_vocab_map(vmap, source_hash=counts_hash(counts))
 
     workers = job.runtime.loader_workers if job.runtime.loader_workers >= 0 else (2 if device.type == "cuda" else 0)
-    data = ShardBatches(dataset, s.batch_size, seed=s.seed, rank=rank, world_size=world, workers=workers,
-                        pin_memory=device.type == "cuda")
+    data = stream or ShardBatches(dataset, s.batch_size, seed=s.seed, rank=rank, world_size=world, workers=workers,
+                                  pin_memory=device.type == "cuda")
     dtype = compute_dtype(job, device)
     plan = memory_plan(job, dcfg, device, world, dtype)
     if rank == 0:
@@ -154,6 +161,10 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
                "curve_path": str(result.curve_path) if result.curve_path else None,
                "stopped_early": result.stopped_early, "setup_s": setup_s,
                "memory_layout": plan.memory.to_dict(), "memory_estimated_gib": plan.peak / GiB}
+    if stream is not None:
+        from eagle3_assets.drafter.training.stream import finish_stream
+
+        summary["stream"] = finish_stream(stream, result, rank)
     if device.type == "cuda":
         summary["memory_peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / GiB
         summary["memory_peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GiB

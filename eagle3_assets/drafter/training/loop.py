@@ -325,6 +325,7 @@ class Trainer:
             batch = next(stream, None)
             if batch is None:
                 break  # no data to train on
+            record = batch.pop("record", None)  # what the step consumes (a stream's positions and ids)
             parts = split_batch(batch, self.memory.micro_batch_tokens)
             batch = [self.prepare(p) for p in parts] if len(parts) > 1 else self.prepare(parts[0])
             t1 = time.perf_counter()
@@ -332,7 +333,11 @@ class Trainer:
             self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1
             t2 = time.perf_counter()
             m.update(step_time=t2 - t0, data_time=t1 - t0)
+            if record is not None:
+                m["consumed"] = record  # in the metrics, so in the checkpoint: durable and atomic with the weights
             self.metrics.append(m)
+            if hasattr(self.data, "after_step"):
+                self.data.after_step(m)  # a stream frees what the step consumed
             add_step(seg, self.step, m["tokens"], t1 - t0, t2 - t0, t2 - t_start)
             bar.update(1)
             bar.set_postfix(loss=f"{m['loss']:.3f}", acc0=f"{m['acc_per_step'][0]:.2f}")

@@ -1,0 +1,212 @@
+"""Training from the spool: samples in plan order as producers publish them, consumed once.
+
+``StreamDataset`` stands where ``ShardDataset`` stands offline, before any state is captured:
+its samples and their token counts (for the vocabulary map) come from the corpus parquet, which
+holds the input ids without any hidden state. ``StreamBatches`` yields this rank's share of each
+global batch exactly as ``ShardBatches`` does (the same permutation, the same collate, rank r
+takes every world-th sample), reading each sample from its published unit and waiting while it
+is not (the wait is recorded). Each batch carries a ``record`` of the positions and sample ids
+the step consumes; the trainer puts it into the step's metrics, which the checkpoint holds, so
+what was trained is durable and atomic with the weights. ``after_step`` (every rank, after the
+optimizer step) closes the units the step finished, and rank 0, after a barrier, moves the
+cursor and deletes them; a resumed run first moves the cursor back to its checkpoint, so units
+deleted after it are captured again.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from eagle3_assets.drafter.training.data import collate
+from eagle3_assets.drafter.training.distributed import barrier
+from eagle3_assets.hidden_states.spool.plan import Plan, build_plan, train_entries, write_plan
+from eagle3_assets.hidden_states.spool.store import Spool
+
+
+class StreamDataset:
+    """The mixture of the corpora's train samples, known from the corpus parquet alone."""
+
+    readers: list = []  # no shard directory behind it (``drafter_config`` checks widths on the first unit)
+
+    def __init__(self, settings, *, max_length: int, seed: int, target_layers: int):
+        from eagle3_assets.hidden_states.layers import resolve_layer_ids
+
+        self.settings, self.max_length, self.seed = settings, int(max_length), seed
+        self.names, self.entries, self.lengths = train_entries(settings.corpora, seed)
+        self.aux_layer_ids = resolve_layer_ids(target_layers, settings.layer_ids)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def token_counts(self, vocab_size: int) -> torch.Tensor:
+        """Counts [V] of supervised ids over the mixture as trained (copies counted, cut to ``max_length``):
+        what ``ShardDataset.token_counts`` gives for the same samples, from the parquet."""
+        import polars as pl
+
+        counts = torch.zeros(vocab_size, dtype=torch.int64)
+        copies: dict[tuple[int, str], int] = {}
+        for e in self.entries:
+            copies[e] = copies.get(e, 0) + 1
+        for d, name in enumerate(self.names):
+            frame = pl.read_parquet(name, columns=["sample_id", "input_ids", "loss_mask"])
+            for sid, ids, mask in frame.iter_rows():
+                m = copies.get((d, sid), 0)
+                if not m:
+                    continue
+                ids = torch.tensor(ids[: self.max_length], dtype=torch.int64)
+                picked = ids[torch.tensor(mask[: self.max_length], dtype=torch.int64) > 0]
+                if picked.numel() and (picked.min() < 0 or picked.max() >= vocab_size):
+                    raise ValueError(f"{name}: sample {sid}: token id outside 0..{vocab_size - 1}")
+                counts.index_add_(0, picked, torch.full_like(picked, m))
+        return counts
+
+
+class StreamBatches:
+    """This rank's batches of the plan, read from the spool; ``len()`` batches per epoch as offline."""
+
+    def __init__(self, plan: Plan, spool: Spool, *, rank: int = 0, world_size: int = 1, max_length: int,
+                 poll_s: float = 0.05, log_every_s: float = 60.0):
+        self.plan, self.spool, self.rank, self.world = plan, spool, rank, world_size
+        self.max_length, self.poll_s, self.log_every_s = int(max_length), poll_s, log_every_s
+        self.readers: dict[str, object] = {}
+        self.wait_s = 0.0  # time spent waiting for units to be published
+        self.read_s = 0.0
+        self._started = False
+
+    def __len__(self) -> int:
+        return math.ceil(self.plan.epoch_length / self.plan.batch_size)
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _reader(self, uid: str):
+        r = self.readers.get(uid)
+        if r is not None:
+            return r
+        from eagle3_assets.hidden_states.reader import ShardReader
+
+        path = self.spool.unit_dir(uid)
+        t0, last_log = time.perf_counter(), time.perf_counter()
+        while not path.is_dir():
+            time.sleep(self.poll_s)
+            if time.perf_counter() - last_log > self.log_every_s:
+                last_log = time.perf_counter()
+                leases = self.spool.leases()
+                who = leases[uid].get("producer") if uid in leases else "no producer holds it (are producers running?)"
+                print(f"eagle3: stream: waiting for unit {uid} ({who}), {time.perf_counter() - t0:.0f} s",
+                      file=sys.stderr, flush=True)
+        self.wait_s += time.perf_counter() - t0
+        r = self.readers[uid] = ShardReader(path)
+        hidden, n_aux = self.plan.data["hidden_size"], self.plan.data["n_aux"]
+        if int(r.manifest["hidden_size"]) != hidden or int(r.manifest["n_aux"]) != n_aux:
+            raise ValueError(f"{path}: hidden size {r.manifest['hidden_size']} x {r.manifest['n_aux']} aux, the plan's "
+                             f"is {hidden} x {n_aux}: the producer runs another target")
+        return r
+
+    def sample(self, pos: int) -> dict | None:
+        """The sample at ``pos``, cut to ``max_length``; None when its unit quarantined it."""
+        d, sid = self.plan.sample_at(pos)
+        reader = self._reader(self.plan.unit_at(pos).id)
+        if sid not in reader:
+            return None
+        t0 = time.perf_counter()
+        shard, off, n = reader.location(sid)
+        out = {**reader.read_range(shard, off, off + min(n, self.max_length)), "key": f"{d}:{sid}"}
+        self.read_s += time.perf_counter() - t0
+        return out
+
+    def epoch(self, epoch: int, start: int = 0):
+        """This rank's batches of ``epoch`` from global batch ``start`` on; the first call of a run
+        moves the spool's cursor to where the run starts (a resumed run: its checkpoint's position)."""
+        lo0, _ = self.plan.step_range(epoch, start)
+        if not self._started:
+            self._started = True
+            if self.rank == 0:
+                with self.spool.lock():
+                    self.spool.write_cursor(lo0)
+            barrier()
+        for b in range(start, len(self)):
+            lo, hi = self.plan.step_range(epoch, b)
+            if hi <= lo:
+                return
+            samples, quarantined = [], []
+            for pos in range(lo + self.rank, hi, self.world):
+                s = self.sample(pos)
+                if s is None:
+                    quarantined.append(self.plan.key(pos))
+                else:
+                    samples.append(s)
+            if not samples:
+                raise ValueError(f"every sample of rank {self.rank}'s share of positions {lo}..{hi} was quarantined "
+                                 "(non-finite states): nothing to train this step on")
+            batch = collate(samples)
+            batch["record"] = {"positions": [lo, hi], "ids": [self.plan.key(p) for p in range(lo, hi)],
+                               "quarantined": quarantined}
+            yield batch
+
+    # -- after each optimizer step ----------------------------------------------------------
+
+    def after_step(self, metrics: dict) -> None:
+        """Every rank past the step (barrier): the step's finished units are closed here, and rank 0
+        moves the cursor past the step's positions and deletes every unit it consumed."""
+        record = metrics.get("consumed")
+        if not record:
+            return
+        hi = record["positions"][1]
+        for uid in [u for u in self.readers if self.plan.by_id[u].last_use < hi]:
+            self.readers.pop(uid).close()
+        barrier()
+        if self.rank == 0:
+            with self.spool.lock():
+                self.spool.write_cursor(hi, metrics.get("step"))
+                self.spool.sweep(self.plan, hi)
+
+    def close(self) -> None:
+        for r in self.readers.values():
+            r.close()
+        self.readers.clear()
+
+
+def open_stream(settings, training, *, rank: int, world: int, target_config: dict):
+    """The dataset, the plan (rank 0 writes it, or finds the same one there) and this rank's batches."""
+    from eagle3_assets.hidden_states.spool.preflight import check_cap, preflight_line, stream_preflight
+
+    dataset = StreamDataset(settings, max_length=training.max_length, seed=training.seed,
+                            target_layers=int(target_config["num_hidden_layers"]))
+    world_len = (len(dataset) // world) * world
+    per_epoch = math.ceil(world_len / training.batch_size) if world_len else 1
+    total_steps = training.total_steps(per_epoch)
+    spool_dir = Path(settings.spool_dir)
+    if rank == 0:
+        data = build_plan(settings, seed=training.seed, batch_size=training.batch_size, world=world,
+                          total_steps=total_steps, hidden_size=int(target_config["hidden_size"]),
+                          max_length=training.max_length)
+        plan = write_plan(spool_dir, data)
+        figures = stream_preflight(plan, spool_dir=spool_dir, capture_tokens_per_s=settings.capture_tokens_per_s,
+                                   train_tokens_per_s=settings.train_tokens_per_s)
+        print(preflight_line(figures), file=sys.stderr, flush=True)
+        check_cap(figures)
+    barrier()
+    if rank != 0:
+        from eagle3_assets.hidden_states.spool.plan import load_plan
+
+        plan = load_plan(spool_dir)
+    spool = Spool(spool_dir)
+    return dataset, plan, StreamBatches(plan, spool, rank=rank, world_size=world, max_length=training.max_length,
+                                        poll_s=settings.poll_s)
+
+
+def finish_stream(data: StreamBatches, result, rank: int) -> dict:
+    """After the run: a finished run marks the spool done (producers stop) and empties it of consumed units."""
+    data.close()
+    if rank == 0 and not result.stopped_early:
+        with data.spool.lock():
+            data.spool.sweep(data.plan)
+            data.spool.reclaim()
+            data.spool.mark_done({"steps": result.steps, "positions": data.spool.cursor()})
+    return {"wait_s": round(data.wait_s, 3), "read_s": round(data.read_s, 3), "units": len(data.plan.units),
+            "positions": data.plan.total_positions, "cap_bytes": data.plan.cap_bytes}

@@ -1,0 +1,210 @@
+"""A producer: captures the spool's units with one of the project's extraction backends.
+
+    python -m eagle3_assets.hidden_states.spool --config producer.json
+
+Loop: under the spool's lock, give dead producers' units back, delete consumed units, then take
+the unit the trainer will read first among those neither published, consumed nor leased, if
+the spool's bytes (outside temporary folders) plus every live lease's reservation plus this
+unit's bound stay within the cap, and the producer is not paused by the watermarks (above the
+high mark it waits until the spool is below the low mark). Capture runs ``extract_corpus`` on
+the unit's rows into its temporary folder (so the writer's checks hold: a sample whose states
+are not finite is quarantined there and never trained on), then, under the lock, the folder
+is renamed into ``units/`` unless the unit was consumed meanwhile, and the lease is dropped.
+
+When the unit the trainer needs next cannot fit because later units fill the spool (after a
+crash put it back in the pool), the latest of those are deleted to make room (they are
+captured again): the trainer never waits forever on a full spool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from eagle3_assets.hidden_states.extract_job import VLLMServerSpec
+from eagle3_assets.hidden_states.journal import now_iso
+from eagle3_assets.hidden_states.spool.plan import PLAN, Plan, load_plan
+from eagle3_assets.hidden_states.spool.store import Heartbeat, Spool
+from eagle3_assets.job_file import JobFile
+
+CAPTURES = "captures.jsonl"  # one line per published unit: which producer captured which samples
+
+
+class ProducerJob(JobFile):
+    """One producer process; the capture backend's fields are those of ``ExtractionJob``."""
+
+    spool_dir: str
+    corpora: dict[str, str] = {}  # corpus path as the plan names it -> where this node reads it (default: same)
+    backend: Literal["local", "vllm"] = "local"
+    model_path: str
+    target: dict | None = None  # the identity recorded in each unit's manifest (None: read from model_path)
+    device: str = "auto"
+    model_dtype: str = "auto"
+    threads: int = Field(0, ge=0)
+    vllm: VLLMServerSpec | None = None
+    name: str = ""  # shown in leases and the captures journal (default: host:pid)
+    poll_s: float = Field(0.05, gt=0.0)
+    heartbeat_s: float = Field(2.0, gt=0.0)
+    stale_s: float = Field(60.0, gt=0.0)  # a lease of another host with an older heartbeat is dead
+    plan_timeout_s: float = Field(3600.0, gt=0.0)  # how long to wait for the trainer to write the plan
+
+
+class Producer:
+    def __init__(self, job: ProducerJob, extractor, plan: Plan):
+        self.job, self.extractor, self.plan = job, extractor, plan
+        self.spool = Spool(job.spool_dir, stale_s=job.stale_s)
+        self.name = job.name or f"{self.spool.host}:{os.getpid()}"
+        self.paused = False
+        self.stats = {"units": 0, "samples": 0, "tokens": 0, "capture_s": 0.0, "wait_s": 0.0, "dropped": 0,
+                      "evicted": 0, "reclaimed": 0}
+        self._corpus: dict[int, object] = {}
+
+    def corpus(self, d: int):
+        import polars as pl
+
+        if d not in self._corpus:
+            name = self.plan.corpora[d]
+            self._corpus[d] = pl.read_parquet(self.job.corpora.get(name, name),
+                                              columns=["sample_id", "split", "input_ids", "loss_mask"])
+        return self._corpus[d]
+
+    def choose(self):
+        """Under the lock: the lease of the unit to capture now, or None (nothing fits, paused, all done)."""
+        s, plan = self.spool, self.plan
+        self.stats["reclaimed"] += len(s.reclaim())
+        cursor = s.cursor()
+        s.sweep(plan, cursor)
+        held = s.bytes_on_disk(with_tmp=False)
+        cap = plan.cap_bytes
+        if self.paused and held < plan.data["low_water"] * cap:
+            self.paused = False
+        elif not self.paused and held > plan.data["high_water"] * cap:
+            self.paused = True
+        published, leases = s.published(), s.leases()
+        open_units = sorted((u for u in plan.units if u.last_use >= cursor and u.id not in published),
+                            key=lambda u: u.first_use)
+        todo = [u for u in open_units if u.id not in leases]
+        if not todo:
+            return None
+        unit = todo[0]
+        needed_next = unit is open_units[0]  # the trainer waits on it, and nobody captures it
+        if self.paused and not needed_next:
+            return None
+        if s.used() + unit.bytes > cap and needed_next:
+            later = sorted((plan.by_id[u] for u in published if u in plan.by_id and plan.by_id[u].first_use > unit.first_use),
+                           key=lambda u: -u.first_use)
+            for victim in later:
+                if s.used() + unit.bytes <= cap:
+                    break
+                s.remove_unit(victim.id)
+                self.stats["evicted"] += 1
+        if s.used() + unit.bytes > cap:
+            return None
+        lease = s.take(unit.id, unit.bytes, self.name)
+        return (unit, lease) if lease else None
+
+    def capture(self, unit, lease) -> bool:
+        """Capture ``unit`` into the lease's temporary folder, then publish it; False if it was dropped."""
+        import polars as pl
+
+        from eagle3_assets.hidden_states.extract import extract_corpus
+
+        tmp = self.spool.tmp_dir / lease["tmp"]
+        rows = self.corpus(unit.dataset).filter(pl.col("sample_id").is_in(unit.samples))
+        order = {s: i for i, s in enumerate(unit.samples)}
+        rows = rows.sort(pl.col("sample_id").replace_strict(order, return_dtype=pl.Int64))
+        corpus = tmp / "unit-corpus.parquet"
+        rows.write_parquet(corpus)
+        t0 = time.perf_counter()
+        report = extract_corpus(corpus, tmp, self.extractor, dtype=self.plan.data["dtype"], shard_bytes=1 << 40,
+                                batch_tokens=self.plan.data["batch_tokens"], background_writes=False, disk_margin=0.0)
+        self.stats["capture_s"] += time.perf_counter() - t0
+        size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+        if size > unit.bytes:  # the bound the cap was checked with did not hold: a bug, never silently over the cap
+            raise RuntimeError(f"unit {unit.id}: {size:,} bytes captured, above its bound of {unit.bytes:,}")
+        with self.spool.lock():
+            if not self.spool.owns(lease) or unit.last_use < self.spool.cursor():
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+                self.spool.drop(lease) if self.spool.owns(lease) else None
+                self.stats["dropped"] += 1
+                return False
+            os.replace(tmp, self.spool.unit_dir(unit.id))
+            self.spool.drop(lease)
+            with open(self.spool.root / CAPTURES, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"unit": unit.id, "producer": self.name, "samples": unit.samples,
+                                     "quarantined": report.quarantined_total, "bytes": size, "at": now_iso()}) + "\n")
+        self.stats["units"] += 1
+        self.stats["samples"] += len(unit.samples)
+        self.stats["tokens"] += report.tokens_extracted
+        return True
+
+    def run(self, stop_when_idle: bool = False) -> dict:
+        """Capture until the run is done (``done.json``), or, with ``stop_when_idle``, nothing is left to take."""
+        beat = Heartbeat(self.job.heartbeat_s)
+        t_start = time.perf_counter()
+        try:
+            while self.spool.done() is None:
+                with self.spool.lock():
+                    picked = self.choose()
+                if picked is None:
+                    if stop_when_idle and self.spool.cursor() >= self.plan.total_positions:
+                        break
+                    t0 = time.perf_counter()
+                    time.sleep(self.job.poll_s)
+                    self.stats["wait_s"] += time.perf_counter() - t0
+                    continue
+                unit, lease = picked
+                beat.paths.add(lease["path"])
+                try:
+                    self.capture(unit, lease)
+                finally:
+                    beat.paths.discard(lease["path"])
+        finally:
+            beat.stop()
+        self.stats["seconds"] = time.perf_counter() - t_start
+        return self.stats
+
+
+def wait_for_plan(spool_dir: Path, timeout_s: float) -> Plan:
+    deadline = time.monotonic() + timeout_s
+    while not (Path(spool_dir) / PLAN).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{spool_dir}: no {PLAN} after {timeout_s:.0f} s: is the trainer running?")
+        time.sleep(0.2)
+    return load_plan(spool_dir)
+
+
+def build_producer_extractor(job: ProducerJob, plan: Plan, stack: ExitStack):
+    """The capture backend through the extraction job's own seam, with the plan's layers."""
+    from eagle3_assets.hidden_states.extract_job import ExtractionJob, build_extractor
+    from eagle3_assets.hidden_states.extractors import target_identity
+
+    target = job.target if job.target is not None else target_identity(job.model_path)
+    ejob = ExtractionJob(backend=job.backend, model_path=job.model_path, target=target, corpus="-", out_dir="-",
+                         layer_ids=plan.data["layer_ids"], device=job.device, model_dtype=job.model_dtype,
+                         dtype=plan.data["dtype"], threads=job.threads, vllm=job.vllm)
+    return build_extractor(ejob, stack)
+
+
+def run_producer(job: ProducerJob, stop_when_idle: bool = False) -> dict:
+    if job.threads:
+        import torch
+
+        torch.set_num_threads(job.threads)
+    plan = wait_for_plan(Path(job.spool_dir), job.plan_timeout_s)
+    with ExitStack() as stack:
+        extractor = build_producer_extractor(job, plan, stack)
+        if int(extractor.hidden_size) != plan.data["hidden_size"]:
+            raise ValueError(f"{job.model_path}: hidden size {extractor.hidden_size}, the plan's is {plan.data['hidden_size']}")
+        stats = Producer(job, extractor, plan).run(stop_when_idle=stop_when_idle)
+    print(f"eagle3: producer done: {json.dumps(stats)}", file=sys.stderr, flush=True)
+    return stats
