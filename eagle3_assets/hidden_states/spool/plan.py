@@ -123,9 +123,9 @@ class Plan:
     def step_range(self, epoch: int, batch: int) -> tuple[int, int]:
         """Positions [lo, hi) of global batch ``batch`` of ``epoch`` (empty past the plan)."""
         base = epoch * self.epoch_length
-        lo = base + batch * self.batch_size
-        hi = min(lo + self.batch_size, base + self.epoch_length, self.total_positions)
-        return min(lo, self.total_positions), max(min(lo, self.total_positions), hi)
+        end = min(base + self.epoch_length, self.total_positions)
+        lo = min(base + batch * self.batch_size, end)
+        return lo, min(lo + self.batch_size, end)
 
     def steps(self) -> list[tuple[int, int]]:
         """Every optimizer step's positions, in order."""
