@@ -198,3 +198,51 @@ def test_streaming_trains_the_same_drafter_as_offline_bit_for_bit(offline, model
     assert sorted(s for c in captured for s in c["samples"]) == [f"s{i:03d}" for i in range(12)]
     assert summary["stream"]["wait_s"] > 0
     print(f"peak spool bytes {peak:,} of cap {settings.cap_bytes:,}; offline shards {filesystem_bytes(offline['shards']):,}")
+
+
+@pytest.mark.model
+def test_a_non_finite_sample_is_quarantined_in_its_unit_and_never_trained(model_dir, tmp_path):
+    """The writer's checks hold for what a producer captures: the poisoned sample is recorded as
+    quarantined by its unit and the step's record, and no batch holds it."""
+    import threading
+
+    import polars as pl
+
+    from eagle3_assets.drafter.training.stream import StreamBatches
+    from eagle3_assets.hidden_states.extractors import LocalExtractor
+    from eagle3_assets.hidden_states.spool.produce import Producer
+
+    corpus = make_corpus(tmp_path / "c.parquet")
+    poisoned = pl.read_parquet(corpus).row(5, named=True)
+    spool_dir = tmp_path / "spool"
+    plan = write_plan(spool_dir, build_plan(stream_settings(spool_dir, corpus, cap_bytes=1 << 30), seed=0, batch_size=3,
+                                            world=1, total_steps=4, hidden_size=H, max_length=64))
+
+    class Poison(LocalExtractor):
+        def extract(self, rows):
+            feats = super().extract(rows)
+            for f, r in zip(feats, rows):
+                if list(r) == poisoned["input_ids"]:
+                    f.aux = f.aux.clone()
+                    f.aux[2, 7] = float("nan")
+            return feats
+
+    producer = Producer(producer_job(spool_dir, model_dir), Poison(model_dir, layer_ids=LAYER_IDS, device="cpu"), plan)
+    thread = threading.Thread(target=producer.run, kwargs={"stop_when_idle": True})
+    thread.start()
+    data = StreamBatches(plan, Spool(spool_dir), max_length=64, poll_s=0.01, wait_timeout_s=60)
+    seen, quarantined = [], []
+    for step, batch in enumerate(data.epoch(0), 1):
+        record = batch.pop("record")
+        seen += batch["keys"]
+        quarantined += record["quarantined"]
+        if f"0:{poisoned['sample_id']}" in record["ids"]:
+            unit = plan.unit_at(record["ids"].index(f"0:{poisoned['sample_id']}") + record["positions"][0])
+            index = pl.read_parquet(spool_dir / "units" / unit.id / "index.parquet").filter(pl.col("quarantined"))
+            assert index["sample_id"].to_list() == [poisoned["sample_id"]]
+            assert "non-finite" in index["reason"][0]
+        data.after_step({"consumed": record, "step": step})
+    thread.join(60)
+    assert quarantined == [f"0:{poisoned['sample_id']}"]
+    assert sorted(seen + quarantined) == [f"0:s{i:03d}" for i in range(12)]
+    assert not any((spool_dir / "units").iterdir())

@@ -70,9 +70,10 @@ class StreamBatches:
     """This rank's batches of the plan, read from the spool; ``len()`` batches per epoch as offline."""
 
     def __init__(self, plan: Plan, spool: Spool, *, rank: int = 0, world_size: int = 1, max_length: int,
-                 poll_s: float = 0.05, log_every_s: float = 60.0):
+                 poll_s: float = 0.05, log_every_s: float = 60.0, wait_timeout_s: float | None = None):
         self.plan, self.spool, self.rank, self.world = plan, spool, rank, world_size
         self.max_length, self.poll_s, self.log_every_s = int(max_length), poll_s, log_every_s
+        self.wait_timeout_s = wait_timeout_s  # None: wait as long as it takes (producers may be relaunched)
         self.readers: dict[str, object] = {}
         self.wait_s = 0.0  # time spent waiting for units to be published
         self.read_s = 0.0
@@ -93,6 +94,8 @@ class StreamBatches:
         t0, last_log = time.perf_counter(), time.perf_counter()
         while not path.is_dir():
             time.sleep(self.poll_s)
+            if self.wait_timeout_s is not None and time.perf_counter() - t0 > self.wait_timeout_s:
+                raise TimeoutError(f"{path}: unit not published after {self.wait_timeout_s:.0f} s")
             if time.perf_counter() - last_log > self.log_every_s:
                 last_log = time.perf_counter()
                 leases = self.spool.leases()

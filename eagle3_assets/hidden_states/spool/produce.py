@@ -147,6 +147,14 @@ class Producer:
         self.stats["tokens"] += report.tokens_extracted
         return True
 
+    def give_back(self, lease) -> None:
+        import shutil
+
+        with self.spool.lock():
+            if self.spool.owns(lease):
+                shutil.rmtree(self.spool.tmp_dir / lease["tmp"], ignore_errors=True)
+                self.spool.drop(lease)
+
     def run(self, stop_when_idle: bool = False) -> dict:
         """Capture until the run is done (``done.json``), or, with ``stop_when_idle``, nothing is left to take."""
         beat = Heartbeat(self.job.heartbeat_s)
@@ -166,6 +174,9 @@ class Producer:
                 beat.paths.add(lease["path"])
                 try:
                     self.capture(unit, lease)
+                except BaseException:
+                    self.give_back(lease)  # the unit goes back to the pool now, not when a lease check finds us dead
+                    raise
                 finally:
                     beat.paths.discard(lease["path"])
         finally:
