@@ -28,6 +28,7 @@ from tests.streaming_helpers import (
     spawn_producer,
     stream_settings,
     train_job,
+    training,
 )
 
 H = 576
@@ -246,3 +247,40 @@ def test_a_non_finite_sample_is_quarantined_in_its_unit_and_never_trained(model_
     assert quarantined == [f"0:{poisoned['sample_id']}"]
     assert sorted(seen + quarantined) == [f"0:s{i:03d}" for i in range(12)]
     assert not any((spool_dir / "units").iterdir())
+
+
+@pytest.mark.model
+def test_two_ranks_stream_the_same_global_batches(offline, model_dir, tmp_path):
+    """torchrun with two ranks over the spool: each rank its share of every global batch, rank 0
+    deletes after the barrier; the drafter matches the one-process offline run (DDP's reduction
+    order aside) and the spool ends empty."""
+    import os
+
+    from tests.streaming_helpers import env
+
+    spool = tmp_path / "spool"
+    settings = stream_settings(spool, offline["corpus"], cap_bytes=1_900_000)
+    job = train_job(model_dir, tmp_path / "train", stream=settings, settings=training(batch_size=4))
+    off_job = train_job(model_dir, tmp_path / "offline", datasets={str(offline["shards"]): 1.0},
+                        settings=training(batch_size=4))
+    (tmp_path / "producer.json").write_text(producer_job(spool, model_dir).model_dump_json())
+    producer = spawn_producer(tmp_path / "producer.json", tmp_path / "producer.log")
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "eagle3_assets.drafter.training", "--config", str(job.write(tmp_path / "job.json"))],
+                         env=env(), cwd=os.getcwd(), capture_output=True, text=True, timeout=300)
+    assert ddp.returncode == 0, ddp.stdout[-3000:] + ddp.stderr[-3000:]
+    assert producer.wait(60) == 0
+    single = subprocess.run([sys.executable, "-m", "eagle3_assets.drafter.training", "--config",
+                             str(off_job.write(tmp_path / "off.json"))], env=env(), capture_output=True, text=True,
+                            timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    a = load_checkpoint(latest_checkpoint(tmp_path / "offline"))
+    b = load_checkpoint(latest_checkpoint(tmp_path / "train"))
+    assert a["step"] == b["step"] == 3 and b["world_size"] == 2
+    for name, t in a["model"].items():
+        assert torch.allclose(t.float(), b["model"][name].float(), rtol=1e-4, atol=1e-4), name
+    for ma, mb in zip(a["metrics"], b["metrics"]):
+        assert ma["tokens"] == mb["tokens"] and ma["positions"] == mb["positions"]
+    trained = [k for m in b["metrics"] for k in m["consumed"]["ids"]]
+    assert sorted(trained) == [f"0:s{i:03d}" for i in range(12)]
+    assert not any((spool / "units").iterdir()) and not any((spool / "tmp").iterdir())
