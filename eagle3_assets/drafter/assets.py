@@ -36,6 +36,13 @@ class DrafterTrainingConfig(dg.Config):
     loss_chunk_rows: int = -1  # rows of the draft head and softmaxes at a time (0: all at once)
     memory_fraction: float = 0.9  # of each GPU's memory the plan may fill
     gpu_memory_gib: float = 0.0  # plan for GPUs of this size before launching (0: this machine's GPU, if any)
+    # Streaming (docs/streaming.md): > 0 captures the recipe's hidden states while it trains, through a spool of at
+    # most this many bytes under the data root, with stream_producers local producer processes (the target resource's
+    # device and dtype); the hidden_states asset need not be materialized first
+    stream_cap_bytes: int = 0
+    stream_producers: int = 1
+    stream_unit_bytes: int = 256 << 20
+    stream_epochs: str = "recapture"  # "recapture" (capture every epoch again) or "keep" (refused unless all fits)
 
 
 def preflight_memory(recipe: str, job, target_config: dict, config: DrafterTrainingConfig, nodes: int = 1):
@@ -97,12 +104,20 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
         raise RecipeError(f"recipe {recipe.name}: field 'attention': {exc}") from None
     for note in notes:
         context.log.warning(f"recipe {recipe.name}: {note}")
-    sizes = train_split_sizes(layout, recipe.datasets, spec)
+    stream = None
+    if config.stream_cap_bytes > 0:
+        from eagle3_assets.drafter.stream_run import corpus_train_sizes, stream_settings_for
+
+        stream = stream_settings_for(layout, recipe, config)
+        sizes = corpus_train_sizes(layout, recipe.datasets)
+    else:
+        sizes = train_split_sizes(layout, recipe.datasets, spec)
     samples = sum(w * sizes[d] for d, w in recipe.datasets.items())
     model_dir = spec.model_dir
     job = TrainJob(
         target_dir=str(model_dir), out_dir=str(out),
-        datasets={str(layout.hidden_states_dir(d)): float(w) for d, w in recipe.datasets.items()},
+        datasets={} if stream else {str(layout.hidden_states_dir(d)): float(w) for d, w in recipe.datasets.items()},
+        stream=stream,
         training=recipe.training, shape=recipe.shape,
         runtime=RuntimeSettings(device=config.device, dtype=config.dtype, threads=config.threads,
                                 loader_workers=config.loader_workers, resume=config.resume,
@@ -117,12 +132,22 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     if plan is not None:
         context.log.info(f"training {recipe.name}: memory plan: {plan.describe()}")
     job_path = job.write(out / "job.json")
-    invocation = launch_training(context, config, launcher, recipe.name, job_path, samples)
+    stream_meta = {}
+    if stream is None:
+        invocation = launch_training(context, config, launcher, recipe.name, job_path, samples)
+    else:
+        from eagle3_assets.drafter.stream_run import StreamRun
+
+        with StreamRun(context, stream, target, out, producers=config.stream_producers) as run:
+            invocation = launch_training(context, config, launcher, recipe.name, job_path, samples)
     pipes_meta = dict(invocation.metadata)
     for event in invocation.get_results():
         if isinstance(event, dg.MaterializeResult) and event.metadata:
             pipes_meta.update(event.metadata)
     result = json.loads((out / "result.json").read_text())
+    if stream is not None:
+        stream_meta = run.figures(result)
+        context.log.info(f"streaming: {json.dumps(stream_meta)}")
     if result.get("stopped_early"):
         raise RuntimeError(f"training of {recipe.name} stopped before its last step; re-run to resume")
 
@@ -152,6 +177,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
             "training_segments": len(result.get("segments") or []),  # runs of this training (a resume adds one)
             **{k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
             **pipes_meta,
+            **stream_meta,
             "training_curve": dg.MetadataValue.md(
                 f"![training curve](data:image/png;base64,{base64.b64encode(curve.read_bytes()).decode()})"
                 if curve.exists() else "_(no curve)_"),

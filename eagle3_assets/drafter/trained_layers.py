@@ -22,7 +22,13 @@ def trained_layers(drafter_dir: Path) -> dict:
     job_path = Path(drafter_dir) / "job.json"
     if not job_path.exists():
         raise FileNotFoundError(f"{job_path} is missing: the layers the drafter was trained on are unknown")
-    datasets = json.loads(job_path.read_text())["datasets"]
+    job = json.loads(job_path.read_text())
+    if job.get("stream"):  # streamed: the layers every unit held, recorded in the spool by the trainer
+        layers = Path(job["stream"]["spool_dir"]) / "layers.json"
+        if not layers.exists():
+            raise FileNotFoundError(f"{layers} (the streamed training of {job_path}) is missing")
+        return json.loads(layers.read_text())
+    datasets = job["datasets"]
     records = {}
     for shard_dir in datasets:
         manifest = Path(shard_dir) / "manifest.json"

@@ -75,6 +75,7 @@ class StreamBatches:
         self.max_length, self.poll_s, self.log_every_s = int(max_length), poll_s, log_every_s
         self.wait_timeout_s = wait_timeout_s  # None: wait as long as it takes (producers may be relaunched)
         self.readers: dict[str, object] = {}
+        self.aux_layer_ids: list[int] | None = None  # the drafter's (set by ``open_stream``)
         self.wait_s = 0.0  # time spent waiting for units to be published
         self.read_s = 0.0
         self._started = False
@@ -108,7 +109,20 @@ class StreamBatches:
         if int(r.manifest["hidden_size"]) != hidden or int(r.manifest["n_aux"]) != n_aux:
             raise ValueError(f"{path}: hidden size {r.manifest['hidden_size']} x {r.manifest['n_aux']} aux, the plan's "
                              f"is {hidden} x {n_aux}: the producer runs another target")
+        self._check_layers(path, r.manifest["layers"])
         return r
+
+    def _check_layers(self, path: Path, layers: dict) -> None:
+        """Every unit holds the layers the drafter is built for; rank 0 records them (``layers.json``),
+        where the acceptance check reads what the drafter was trained on."""
+        from eagle3_assets.hidden_states.spool.store import write_json_atomic
+
+        if list(layers["aux_layer_ids"]) != list(self.aux_layer_ids or layers["aux_layer_ids"]):
+            raise ValueError(f"{path}: aux layers {layers['aux_layer_ids']}, the drafter's are {self.aux_layer_ids}: "
+                             "the producer captures other layers")
+        record = self.spool.root / "layers.json"
+        if self.rank == 0 and not record.exists():
+            write_json_atomic(record, layers)
 
     def sample(self, pos: int) -> dict | None:
         """The sample at ``pos``, cut to ``max_length``; None when its unit quarantined it."""
@@ -198,9 +212,10 @@ def open_stream(settings, training, *, rank: int, world: int, target_config: dic
         from eagle3_assets.hidden_states.spool.plan import load_plan
 
         plan = load_plan(spool_dir)
-    spool = Spool(spool_dir)
-    return dataset, plan, StreamBatches(plan, spool, rank=rank, world_size=world, max_length=training.max_length,
-                                        poll_s=settings.poll_s)
+    data = StreamBatches(plan, Spool(spool_dir), rank=rank, world_size=world, max_length=training.max_length,
+                         poll_s=settings.poll_s)
+    data.aux_layer_ids = list(dataset.aux_layer_ids)
+    return dataset, plan, data
 
 
 def finish_stream(data: StreamBatches, result, rank: int) -> dict:

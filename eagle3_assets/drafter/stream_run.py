@@ -1,0 +1,109 @@
+"""The streaming mode of ``drafter_checkpoint``: the recipe's producers and trainer from one step.
+
+``StreamRun`` writes the spool's settings for the training job and one ``ProducerJob`` per
+producer, starts the producers as local processes (``python -m eagle3_assets.hidden_states.spool``)
+beside the trainer the step launches, samples the spool's bytes from the filesystem while it
+trains, and afterwards reports what each side did: units and tokens captured, the spool's peak
+bytes against its cap, the trainer's and the producers' waiting time. The producers end when the
+trainer marks the run done; a failed training stops them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from eagle3_assets.hidden_states.spool.produce import CAPTURES, ProducerJob
+from eagle3_assets.hidden_states.spool.settings import StreamSettings
+from eagle3_assets.hidden_states.spool.store import tree_bytes
+
+
+def stream_settings_for(layout, recipe, config) -> StreamSettings:
+    return StreamSettings(spool_dir=str(layout.root / "spool" / recipe.name),
+                          corpora={str(layout.corpus(d)): float(w) for d, w in recipe.datasets.items()},
+                          cap_bytes=config.stream_cap_bytes, unit_bytes=config.stream_unit_bytes,
+                          epochs=config.stream_epochs, layer_ids=recipe.shape.aux_layer_ids)
+
+
+def corpus_train_sizes(layout, datasets) -> dict[str, int]:
+    """Training samples per dataset from the corpus (streaming needs no hidden states beforehand)."""
+    import polars as pl
+
+    return {d: pl.scan_parquet(layout.corpus(d)).filter(pl.col("split") == "train").select(pl.len()).collect().item()
+            for d in datasets}
+
+
+class StreamRun:
+    """Producers started on enter, stopped (or awaited) on exit; ``figures()`` for the metadata."""
+
+    def __init__(self, context, settings: StreamSettings, target, out: Path, producers: int = 1):
+        self.context, self.settings, self.out, self.n = context, settings, Path(out) / "stream", producers
+        self.spool = Path(settings.spool_dir)
+        spec = target.spec()
+        self.job = dict(spool_dir=settings.spool_dir, model_path=str(spec.model_dir), target=spec.identity,
+                        device=target.device, model_dtype=target.dtype, threads=getattr(target, "threads", 0) or 0)
+        self.procs: list[subprocess.Popen] = []
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            if self.spool.exists():
+                self.peak = max(self.peak, tree_bytes(self.spool))
+
+    def __enter__(self):
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.spool.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        for i in range(self.n):
+            path = self.out / f"producer-{i}.json"
+            path.write_text(ProducerJob(**self.job, name=f"producer-{i}").model_dump_json(indent=2))
+            log = open(self.out / f"producer-{i}.log", "a")
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "eagle3_assets.hidden_states.spool", "--config", str(path)],
+                                               env=env, stdout=log, stderr=subprocess.STDOUT))
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        self.context.log.info(f"streaming: {self.n} producer(s) started on {self.spool} (cap {self.settings.cap_bytes:,} bytes)")
+        return self
+
+    def __exit__(self, exc_type, *_):
+        deadline = time.monotonic() + (5 if exc_type else 120)
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._stop.set()
+        self._thread.join()
+        return False
+
+    def figures(self, result: dict) -> dict:
+        captures = []
+        if (self.spool / CAPTURES).exists():
+            captures = [json.loads(x) for x in (self.spool / CAPTURES).read_text().splitlines() if x.strip()]
+        stats = []
+        for i in range(self.n):
+            log = (self.out / f"producer-{i}.log").read_text()
+            if "producer done: " in log:
+                stats.append(json.loads(log[log.rindex("producer done: ") + 15:].splitlines()[0]))
+        stream = result.get("stream") or {}
+        wall = result.get("wall_s") or 0.0
+        return {
+            "stream_cap_bytes": self.settings.cap_bytes,
+            "stream_peak_spool_bytes": self.peak,
+            "stream_units_planned": stream.get("units"),
+            "stream_units_captured": len(captures),
+            "stream_samples_captured": sum(len(c["samples"]) for c in captures),
+            "stream_trainer_wait_s": stream.get("wait_s"),
+            "stream_trainer_wait_share": round(stream["wait_s"] / wall, 3) if wall and "wait_s" in stream else None,
+            "stream_producer_wait_s": round(sum(s["wait_s"] for s in stats), 3),
+            "stream_producer_wait_share": round(sum(s["wait_s"] for s in stats) / max(1e-9, sum(s["seconds"] for s in stats)), 3)
+            if stats else None,
+            "stream_producer_capture_s": round(sum(s["capture_s"] for s in stats), 3),
+        }
