@@ -284,3 +284,55 @@ def test_two_ranks_stream_the_same_global_batches(offline, model_dir, tmp_path):
     trained = [k for m in b["metrics"] for k in m["consumed"]["ids"]]
     assert sorted(trained) == [f"0:s{i:03d}" for i in range(12)]
     assert not any((spool / "units").iterdir()) and not any((spool / "tmp").iterdir())
+
+
+def test_producers_pause_at_the_high_mark_resume_below_the_low_and_evict_for_the_unit_the_trainer_needs(tmp_path):
+    """``Producer.choose`` against a spool whose bytes are real files: a unit nobody waits on is not
+    started above the high mark (reservations counted) until the spool is below the low mark; the unit the trainer needs
+    next is always started, by deleting the latest published units when the cap is full."""
+    from eagle3_assets.hidden_states.spool.produce import Producer
+
+    corpus = make_corpus(tmp_path / "c.parquet", n=12)
+    spool_dir = tmp_path / "spool"
+    settings = stream_settings(spool_dir, corpus, cap_bytes=1 << 40, unit_bytes=300_000)
+    data = build_plan(settings, seed=0, batch_size=3, world=1, total_steps=4, hidden_size=H, max_length=64)
+    bounds = [u["bytes"] for u in data["units"]]
+    data.update(cap_bytes=3 * max(bounds) + 50_000, high_water=0.8, low_water=0.5)
+    plan = write_plan(spool_dir, data)
+    spool, cap = Spool(spool_dir), plan.cap_bytes
+    producer = Producer(producer_job(spool_dir, tmp_path), None, plan)
+    units = sorted(plan.units, key=lambda u: u.first_use)
+
+    def publish(u, size=None):
+        (spool.unit_dir(u.id)).mkdir()
+        (spool.unit_dir(u.id) / "blob").write_bytes(b"x" * (size or u.bytes))
+
+    def choose():
+        with spool.lock():
+            return producer.choose()
+
+    # the trainer's next unit is taken by another (live) producer; units[1] fills the spool above the high mark
+    assert spool.take(units[0].id, units[0].bytes, "other") is not None
+    publish(units[1], int(0.85 * cap) - units[0].bytes)
+    assert choose() is None and producer.paused  # paused: units[2] is not what the trainer waits on
+    spool.remove_unit(units[1].id)
+    publish(units[1], int(0.6 * cap) - units[0].bytes)
+    assert choose() is None and producer.paused  # between the marks: still paused (hysteresis)
+    spool.remove_unit(units[1].id)
+    publish(units[1], int(0.4 * cap) - units[0].bytes)
+    unit, lease = choose()  # below the low mark: resumes
+    assert unit.id == units[2].id and not producer.paused
+    spool.drop(lease)
+    spool.drop({"path": str(spool.leases_dir / f"{units[0].id}.json")})
+
+    # a crash put the trainer's next unit back; later units fill the cap: the latest go, it is taken
+    for p in spool.units_dir.iterdir():
+        spool.remove_unit(p.name)
+    for u in units[1:4]:
+        publish(u)
+    assert spool.used() + units[0].bytes > cap
+    unit, lease = choose()
+    assert unit.id == units[0].id
+    left = sorted(spool.published())
+    assert units[3].id not in left and units[1].id in left  # the latest went first
+    assert spool.used() <= cap and filesystem_bytes(spool_dir) <= cap

@@ -6,7 +6,8 @@ Loop: under the spool's lock, give dead producers' units back, delete consumed u
 the unit the trainer will read first among those neither published, consumed nor leased, if
 the spool's bytes (outside temporary folders) plus every live lease's reservation plus this
 unit's bound stay within the cap, and the producer is not paused by the watermarks (above the
-high mark it waits until the spool is below the low mark). Capture runs ``extract_corpus`` on
+high mark, reservations counted, it waits until the spool is below the low mark; the unit the
+trainer waits on is started anyway). Capture runs ``extract_corpus`` on
 the unit's rows into its temporary folder (so the writer's checks hold: a sample whose states
 are not finite is quarantined there and never trained on), then, under the lock, the folder
 is renamed into ``units/`` unless the unit was consumed meanwhile, and the lease is dropped.
@@ -81,7 +82,7 @@ class Producer:
         self.stats["reclaimed"] += len(s.reclaim())
         cursor = s.cursor()
         s.sweep(plan, cursor)
-        held = s.bytes_on_disk(with_tmp=False)
+        held = s.used()  # the watermarks, like the cap, count what live leases have reserved
         cap = plan.cap_bytes
         if self.paused and held < plan.data["low_water"] * cap:
             self.paused = False
