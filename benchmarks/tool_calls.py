@@ -80,7 +80,7 @@ def prompts_pass(tok, path: Path, out: Path) -> tuple[float, float, int]:
 
 def reconstruction(tok, model, prompts, batch: int = 16, malform: str | None = None) -> dict:
     from eagle3_assets.generation.samples import SampleRequest
-    from eagle3_assets.testing.loopback.tool_replies import ToolCaller
+    from eagle3_assets.loopback.tool_replies import ToolCaller
     from eagle3_assets.tokens.tokenizer import build_token_row
     from eagle3_assets.tokens.tool_calls import KimiFormat
 

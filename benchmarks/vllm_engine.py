@@ -120,7 +120,7 @@ def acceptance(model_dir: Path, args) -> None:
     from eagle3_assets.drafter.export import load_vllm
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
     from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.testing.small_drafter import HELD_OUT, train_small_drafter
+    from tests.support.small_drafter import HELD_OUT, train_small_drafter
 
     embedded = EmbeddedModel(model_dir)
     with tempfile.TemporaryDirectory() as tmp:

@@ -140,7 +140,7 @@ def drafters(kimi, train_q: list[str], eval_q: list[str], args) -> None:
     from eagle3_assets.drafter.export import load_vllm
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
     from eagle3_assets.drafter.vllm_acceptance import compare, measure_acceptance
-    from eagle3_assets.testing.small_drafter import answer_features, export_vllm_float, train_on_features
+    from tests.support.small_drafter import answer_features, export_vllm_float, train_on_features
 
     prompts = [kimi.render_prompt([{"role": "user", "content": q}]) for q in eval_q]
     greedy = [greedy_generate(kimi.model, p, max_new_tokens=args.max_new_tokens, stop_ids=kimi.stop_ids) for p in prompts]

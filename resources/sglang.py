@@ -5,7 +5,7 @@ import dagster as dg
 
 class SGLangResource(dg.ConfigurableResource):
     """``POST /generate`` with locally rendered prompt ids; ``output_ids`` kept as returned.
-    Start the servers outside Dagster (or try `python -m eagle3_assets.testing.loopback sglang`).
+    Start the servers outside Dagster (or try `python -m eagle3_assets.loopback sglang`).
 
     ``skip_special_tokens``, ``spaces_between_special_tokens`` and ``no_stop_trim`` are SGLang's
     sampling options that shape the returned ``text`` (never ``output_ids``). The text is only

@@ -58,13 +58,13 @@ def _gpu() -> str | None:
 
 
 def _slurm() -> str | None:
-    from eagle3_assets.testing.slurm_cluster import missing_binaries
+    from tests.support.slurm_cluster import missing_binaries
 
     return None if missing_binaries() else shutil.which("slurmctld")
 
 
 def _slurm_missing() -> str:
-    from eagle3_assets.testing.slurm_cluster import missing_binaries
+    from tests.support.slurm_cluster import missing_binaries
 
     return f"SLURM is not installed ({', '.join(missing_binaries())}): apt-get install slurm-wlm munge"
 
@@ -138,7 +138,7 @@ def _skip_or_fail(reason: str):
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """munged, slurmctld and slurmd under a private folder; SLURM_CONF points every command at them."""
-    from eagle3_assets.testing.slurm_cluster import SlurmClusterError, missing_binaries, start, stop
+    from tests.support.slurm_cluster import SlurmClusterError, missing_binaries, start, stop
 
     if missing_binaries():
         _skip_or_fail(_slurm_missing())
@@ -213,7 +213,7 @@ def small_prompts(n: int, prefix: str = "q") -> list[dict]:
 @pytest.fixture
 def serve():
     """Start loopback servers in threads (``serve(app)`` returns one); all are stopped at the end."""
-    from eagle3_assets.testing.loopback import serve_in_thread
+    from eagle3_assets.loopback import serve_in_thread
 
     started = []
 

@@ -17,7 +17,7 @@ from eagle3_assets.generation.budget import TokenBudget
 from eagle3_assets.generation.http_engine import RetryPolicy, run_generation
 from eagle3_assets.generation.response_store import ResponseStore
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
-from eagle3_assets.testing.loopback import OpenRouterApp, SyntheticGenerator, serve_in_thread
+from eagle3_assets.loopback import OpenRouterApp, SyntheticGenerator, serve_in_thread
 
 KEY = "sk-or-v1-budget-test"
 LIMIT, MAX_TOKENS = 20, 300

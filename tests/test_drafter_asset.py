@@ -12,7 +12,7 @@ from eagle3_assets.drafter.export import check_sglang_export
 from eagle3_assets.drafter.recipes import load_recipe
 from eagle3_assets.resources import DatasetSettings
 from tests.conftest import small_prompts, write_jsonl
-from tests.dagster_helpers import checks_by_name, run_dataset, run_drafter, run_hidden_states
+from tests.support.dagster_helpers import checks_by_name, run_dataset, run_drafter, run_hidden_states
 
 pytestmark = pytest.mark.model
 

@@ -15,12 +15,12 @@ import pytest
 from eagle3_assets.corpus.report import print_inventory
 from eagle3_assets.definitions import DATA_ASSETS, DATA_CHECKS, default_resources
 from eagle3_assets.generation.response_store import ResponseStore
+from eagle3_assets.loopback import FaultPlan, OpenRouterApp, SyntheticGenerator, serve_in_thread
+from eagle3_assets.loopback.observe import prefix_group
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.reader import Prompt
 from eagle3_assets.prompts.table import write_prompt_table
-from eagle3_assets.testing.loopback import FaultPlan, OpenRouterApp, SyntheticGenerator, serve_in_thread
-from eagle3_assets.testing.loopback.observe import prefix_group
-from tests.dagster_helpers import checks_by_name
+from tests.support.dagster_helpers import checks_by_name
 
 KEY = "sk-or-v1-scale-test-0123456789"
 DATASETS = ["scale_a", "scale_b", "scale_c"]

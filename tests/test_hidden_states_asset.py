@@ -7,7 +7,7 @@ import pytest
 
 from eagle3_assets.hidden_states.reader import ShardReader
 from tests.conftest import small_prompts, write_jsonl
-from tests.dagster_helpers import checks_by_name, run_dataset, run_hidden_states
+from tests.support.dagster_helpers import checks_by_name, run_dataset, run_hidden_states
 
 pytestmark = pytest.mark.model
 

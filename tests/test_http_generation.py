@@ -36,8 +36,7 @@ from eagle3_assets.generation.http_engine import (
 )
 from eagle3_assets.generation.response_store import RESPONSE_FIELDS, ResponseStore
 from eagle3_assets.generation.samples import SamplingSettings, plan_samples
-from eagle3_assets.prompts.reader import Prompt
-from eagle3_assets.testing.loopback import (
+from eagle3_assets.loopback import (
     FaultPlan,
     ModelGenerator,
     OpenRouterApp,
@@ -45,6 +44,7 @@ from eagle3_assets.testing.loopback import (
     SyntheticGenerator,
     messages_key,
 )
+from eagle3_assets.prompts.reader import Prompt
 from tests.conftest import small_prompts
 
 KEY = "sk-or-v1-" + secrets.token_hex(24)

@@ -31,7 +31,7 @@ from eagle3_assets.generation.http_engine import RetryPolicy, run_generation
 from eagle3_assets.generation.key_ledger import DEAD_RUN_REASON, KEY_LEDGER
 from eagle3_assets.generation.response_store import ResponseStore
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
-from eagle3_assets.testing.loopback import FaultPlan, OpenRouterApp, SyntheticGenerator, messages_key
+from eagle3_assets.loopback import FaultPlan, OpenRouterApp, SyntheticGenerator, messages_key
 
 KEY = "sk-or-v1-kill-test-0123456789abcdef"
 REPO = Path(__file__).resolve().parents[1]

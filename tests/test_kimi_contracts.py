@@ -14,8 +14,8 @@ from eagle3_assets.drafter.export import check_sglang_export, check_vllm_export,
 from eagle3_assets.drafter.model import DrafterConfig, build_drafter
 from eagle3_assets.drafter.rope import export_rope_problems, rope_frequencies
 from eagle3_assets.hidden_states import layers as hidden_layers
-from eagle3_assets.testing.kimi_tokenizer import build_kimi_test_tokenizer
 from eagle3_assets.tokens.tokenizer import TargetTokenizer, build_token_row
+from tests.support.kimi_tokenizer import build_kimi_test_tokenizer
 
 IM_END, EOS, THINK, THINK_END = 163586, 163585, 163606, 163607
 
@@ -93,9 +93,9 @@ def test_stop_token_kept_in_text_is_not_counted_twice(kimi):
 
 def test_sglang_text_options_are_sent_and_shape_the_text(kimi):
     from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
+    from eagle3_assets.loopback.generators import ModelGenerator, Output
+    from eagle3_assets.loopback.sglang_app import SGLangApp
     from eagle3_assets.resources import SGLangResource
-    from eagle3_assets.testing.loopback.generators import ModelGenerator, Output
-    from eagle3_assets.testing.loopback.sglang_app import SGLangApp
 
     req = SampleRequest(sample_id="s1", dataset="d", prompt_id="p", sample_index=0,
                         messages=[{"role": "user", "content": "Hi"}])
@@ -285,9 +285,9 @@ def test_kimi_mini_thinking_rows_over_sglang_http_calibrate(kimi_mini_dir):
     import httpx
 
     from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
+    from eagle3_assets.loopback import ModelGenerator, SGLangApp, serve_in_thread
     from eagle3_assets.resources import SGLangResource
     from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.testing.loopback import ModelGenerator, SGLangApp, serve_in_thread
     from eagle3_assets.tokens.tokenizer import token_agreement
 
     tok = TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True)

@@ -20,7 +20,7 @@ from eagle3_assets.drafter.export import check_sglang_export, check_vllm_export
 from eagle3_assets.drafter.recipes import load_recipe
 from eagle3_assets.resources import DatasetSettings
 from tests.conftest import small_prompts, write_jsonl
-from tests.dagster_helpers import checks_by_name, run_dataset, run_drafter, run_hidden_states, small_run_config
+from tests.support.dagster_helpers import checks_by_name, run_dataset, run_drafter, run_hidden_states, small_run_config
 
 pytestmark = pytest.mark.model
 IM_END, THINK, THINK_END = 163586, 163606, 163607

@@ -15,7 +15,7 @@ import torch
 
 from eagle3_assets.launchers import LAUNCHERS, Launch, LocalLauncher, forwarded_env, local_command, open_launcher
 from tests.conftest import small_prompts, write_jsonl
-from tests.dagster_helpers import checks_by_name, run_dataset, run_hidden_states
+from tests.support.dagster_helpers import checks_by_name, run_dataset, run_hidden_states
 
 SEEN: list[tuple[Launch, int]] = []  # what the stand-in cluster launcher was given, and its task count
 

@@ -5,10 +5,10 @@ import polars as pl
 import pytest
 
 from eagle3_assets.generation.response_store import ResponseStore
+from eagle3_assets.loopback import ModelGenerator, OpenRouterApp, SGLangApp, serve_in_thread
 from eagle3_assets.resources import OpenRouterResource, SGLangResource
-from eagle3_assets.testing.loopback import ModelGenerator, OpenRouterApp, SGLangApp, serve_in_thread
 from tests.conftest import small_prompts, write_jsonl
-from tests.dagster_helpers import checks_by_name, run_dataset, small_run_config
+from tests.support.dagster_helpers import checks_by_name, run_dataset, small_run_config
 
 pytestmark = pytest.mark.model
 KEY = "sk-or-test-0123456789abcdef"

@@ -7,7 +7,7 @@ import pytest
 
 from eagle3_assets.generation.response_store import ResponseStore
 from tests.conftest import small_prompts, write_jsonl
-from tests.dagster_helpers import checks_by_name, materialized, run_dataset, small_run_config, wrong_end_of_turn_target
+from tests.support.dagster_helpers import checks_by_name, materialized, run_dataset, small_run_config, wrong_end_of_turn_target
 
 pytestmark = pytest.mark.model
 

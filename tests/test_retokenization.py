@@ -10,10 +10,10 @@ import duckdb
 import polars as pl
 import pytest
 
-from eagle3_assets.testing.kimi_tokenizer import KIMI_SLOTS, build_kimi_test_tokenizer
 from eagle3_assets.tokens.checks import special_token_result
 from eagle3_assets.tokens.table import TOKEN_SCHEMA
 from eagle3_assets.tokens.tokenizer import ContextLengthError, TargetTokenizer, build_token_row
+from tests.support.kimi_tokenizer import KIMI_SLOTS, build_kimi_test_tokenizer
 
 SYSTEM = {"role": "system", "content": "You are Kimi."}
 

@@ -131,7 +131,7 @@ def test_sglang_capture_drives_the_runner_as_sglang_expects(monkeypatch):
     rank's placement is published before the runner is built (the real runner on one CPU rank is
     tests/test_sglang_capture_real.py), and the pools are freed after a failed forward."""
     from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
-    from tests import fake_sglang
+    from tests.support import fake_sglang
 
     fake_sglang.install(monkeypatch)
     cap = SGLangCapture("/models/tiny", layer_ids=[0, 2, 3], tp_rank=1, tp_size=2, gpu_id=1, batch_tokens=64,
@@ -184,7 +184,7 @@ def test_batches_count_whole_pages():
 @pytest.mark.parametrize("flag", ["enable_dp_attention", "enable_attn_tp_input_scattered", "enable_two_batch_overlap"])
 def test_server_args_that_break_capture_are_refused(flag, monkeypatch):
     from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
-    from tests import fake_sglang
+    from tests.support import fake_sglang
 
     with pytest.raises(ValueError, match=f"{flag}: .*leave them off"):
         capture_server_args("m", tp_size=8, max_tokens=8, max_rows=1, extra={flag: True})
@@ -197,7 +197,7 @@ def test_server_args_that_break_capture_are_refused(flag, monkeypatch):
 
 def test_capture_sizes_its_pool_and_refuses_what_cannot_fit_before_a_batch(monkeypatch):
     from eagle3_assets.hidden_states.sglang_capture import CapturePoolError, SGLangCapture
-    from tests import fake_sglang
+    from tests.support import fake_sglang
 
     fake_sglang.install(monkeypatch)
     kw = dict(layer_ids=[1, 2, 3], tp_rank=0, tp_size=1, gpu_id=0, batch_tokens=4096, max_rows=64)
@@ -216,7 +216,7 @@ def test_an_sglang_other_than_the_supported_one_is_refused_before_the_capture_lo
 
     from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
     from eagle3_assets.target.engines import EngineVersionError
-    from tests import fake_sglang
+    from tests.support import fake_sglang
 
     fake_sglang.install(monkeypatch)
     k25 = SimpleNamespace(to_dict=lambda: {"model_type": "kimi_k25", "text_config": {"kv_lora_rank": 512}})
@@ -283,7 +283,7 @@ def test_two_ranks_run_every_forward_and_rank_zero_writes_what_local_extraction_
     job.write_text(_job(model_dir, corpus, out).model_dump_json())
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                "-m", "eagle3_assets.hidden_states.sglang_extract", "--config", str(job),
-               "--capture", "eagle3_assets.testing.capture:local_capture"]
+               "--capture", "tests.support.capture:local_capture"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     res = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -292,7 +292,7 @@ def test_two_ranks_run_every_forward_and_rank_zero_writes_what_local_extraction_
     ranks = [(tmp_path / f"hs.rank{r}.jsonl").read_text().splitlines() for r in range(2)]
     assert ranks[0] == ranks[1] == ["[30, 25, 21]", "[14, 9, 7]"]  # same batches, same order, on both ranks
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["backend"] == "eagle3_assets.testing.capture:local_capture tp2"
+    assert manifest["backend"] == "tests.support.capture:local_capture tp2"
     assert manifest["layers"]["aux_layer_ids"] == [1, 14, 26]
     report = json.loads((out / "extraction-report.json").read_text())
     assert report["extracted"] == 6 and report["batches"] == 2
@@ -316,9 +316,9 @@ def test_two_ranks_run_every_forward_and_rank_zero_writes_what_local_extraction_
 @pytest_model
 def test_hidden_states_asset_sglang_backend_runs_torchrun_through_pipes(layout, model_dir, monkeypatch):
     from tests.conftest import small_prompts, write_jsonl
-    from tests.dagster_helpers import checks_by_name, run_dataset, run_hidden_states
+    from tests.support.dagster_helpers import checks_by_name, run_dataset, run_hidden_states
 
-    monkeypatch.setenv("EAGLE3_SGLANG_CAPTURE", "eagle3_assets.testing.capture:local_capture")
+    monkeypatch.setenv("EAGLE3_SGLANG_CAPTURE", "tests.support.capture:local_capture")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     write_jsonl(layout.prompt_source("tp"), small_prompts(2))
     with dg.instance_for_test() as instance:

@@ -18,7 +18,7 @@ from eagle3_assets.resources import SGLangResource
 from eagle3_assets.target.engines import SGLANG_VERSION, EngineVersionError
 from eagle3_assets.target.sglang_server import SGLangServer, check_supported, installed_version
 from tests.conftest import small_prompts, write_jsonl
-from tests.dagster_helpers import run_dataset, small_run_config
+from tests.support.dagster_helpers import run_dataset, small_run_config
 
 pytestmark = [pytest.mark.sglang, pytest.mark.model]
 MAX_NEW = 24

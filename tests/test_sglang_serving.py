@@ -17,7 +17,7 @@ import pytest
 
 from eagle3_assets.drafter import sglang_acceptance
 from eagle3_assets.target.sglang_server import SGLangServer
-from eagle3_assets.testing import small_drafter
+from tests.support import small_drafter
 
 pytestmark = [pytest.mark.sglang, pytest.mark.model]
 

@@ -25,7 +25,7 @@ import torch
 from eagle3_assets.slurm import scheduler
 from eagle3_assets.target.vllm_server import vllm_available
 from tests.conftest import small_prompts, write_jsonl
-from tests.dagster_helpers import checks_by_name, run_dataset
+from tests.support.dagster_helpers import checks_by_name, run_dataset
 
 pytestmark = [pytest.mark.slurm, pytest.mark.model]
 
@@ -147,7 +147,7 @@ def test_sglang_extraction_as_a_two_rank_job_across_two_tasks(root, extracted, m
     from eagle3_assets.hidden_states.reader import ShardReader
 
     layout, instance = root
-    monkeypatch.setenv("EAGLE3_SGLANG_CAPTURE", "eagle3_assets.testing.capture:local_capture")  # forwarded to the job
+    monkeypatch.setenv("EAGLE3_SGLANG_CAPTURE", "tests.support.capture:local_capture")  # forwarded to the job
     instance.add_dynamic_partitions("datasets", ["qa_tp"])
     shutil.copy(layout.corpus(DATASET), layout.corpus("qa_tp"))
     result = _materialize(instance, "hidden_states", "qa_tp",
@@ -316,7 +316,7 @@ def test_terminating_the_run_from_dagster_cancels_a_pending_then_running_job(roo
     """``dagster dev`` on the module's data root; a run's job waits behind a job holding the node
     (pending, reason Resources) and *Terminate* over GraphQL cancels it there, before it ever ran;
     a second run's job waits, then runs, and *Terminate* cancels it while running."""
-    from eagle3_assets.testing.dagster_dev import dagster_dev
+    from tests.support.dagster_dev import dagster_dev
 
     layout, other_instance = root
     blocker = slurm_cluster.run("sbatch", "--parsable", f"--ntasks={slurm_cluster.cpus}", "-J", "blocker",

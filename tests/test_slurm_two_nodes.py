@@ -1,5 +1,5 @@
 """The drafter trained across two SLURM nodes: two network namespaces on this machine, each a host
-with its own address, hosts file and slurmd (``eagle3_assets.testing.slurm_two_nodes``).
+with its own address, hosts file and slurmd (``tests.support.slurm_two_nodes``).
 
 The job runs as on a cluster of two machines: one torchrun agent per node, the c10d rendezvous on
 the first host of the node list (resolved by name, on the node), gloo between the nodes' own
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests.conftest import _skip_or_fail
-from tests.dagster_helpers import checks_by_name
+from tests.support.dagster_helpers import checks_by_name
 from tests.test_slurm import (
     DATASET,
     RECIPE,
@@ -42,8 +42,8 @@ TRAIN_ON_TWO_NODES = {"launcher": "slurm", "threads": 1, "nproc_per_node": 1, "s
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
-    from eagle3_assets.testing.slurm_cluster import SlurmClusterError
-    from eagle3_assets.testing.slurm_two_nodes import start_two_nodes, stop_two_nodes
+    from tests.support.slurm_cluster import SlurmClusterError
+    from tests.support.slurm_two_nodes import start_two_nodes, stop_two_nodes
 
     try:
         cluster = start_two_nodes(tmp_path_factory.mktemp("slurm2"))
@@ -223,7 +223,7 @@ def test_sglang_extraction_runs_a_tp_group_on_each_node(root, two_nodes, model_d
     from eagle3_assets.hidden_states.reader import ShardReader
 
     layout, instance = root
-    monkeypatch.setenv("EAGLE3_SGLANG_CAPTURE", "eagle3_assets.testing.capture:local_capture")  # forwarded to the job
+    monkeypatch.setenv("EAGLE3_SGLANG_CAPTURE", "tests.support.capture:local_capture")  # forwarded to the job
     dataset = f"{DATASET}_sgl"
     instance.add_dynamic_partitions("datasets", [dataset])
     shutil.copy(layout.corpus(DATASET), layout.corpus(dataset))

@@ -13,7 +13,7 @@ from eagle3_assets.hidden_states.extractors import Features
 from eagle3_assets.resources import TargetResource
 from eagle3_assets.target.identity import TargetMismatchError, target_identity
 from eagle3_assets.target.spec import TargetSpec
-from tests.dagster_helpers import run_drafter
+from tests.support.dagster_helpers import run_drafter
 
 H = 576
 

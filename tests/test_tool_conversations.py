@@ -15,14 +15,14 @@ import pytest
 
 from eagle3_assets.corpus.inventory import read_inventory
 from eagle3_assets.generation.response_store import ResponseStore
+from eagle3_assets.loopback import ModelGenerator, OpenRouterApp, SGLangApp, serve_in_thread
 from eagle3_assets.prompts.options import ColumnMap, ReadOptions
 from eagle3_assets.prompts.table import read_prompt_table
 from eagle3_assets.resources import DatasetSettings, OpenRouterResource, SGLangResource, TargetResource
 from eagle3_assets.target.embedded import EmbeddedModel
-from eagle3_assets.testing.loopback import ModelGenerator, OpenRouterApp, SGLangApp, serve_in_thread
 from eagle3_assets.tokens.tokenizer import TargetTokenizer
 from tests.conftest import write_jsonl
-from tests.dagster_helpers import checks_by_name, run_dataset, small_run_config
+from tests.support.dagster_helpers import checks_by_name, run_dataset, small_run_config
 
 pytestmark = pytest.mark.model
 TOOL_CALL_AGREEMENT = 0.95  # the bound under the measured 0.954-0.957 (docs/checks.md)

@@ -6,9 +6,9 @@ with the results that answer them."""
 import pytest
 
 from eagle3_assets.prompts.rows import parse_row
-from eagle3_assets.testing.kimi_tokenizer import build_kimi_test_tokenizer
 from eagle3_assets.tokens.tokenizer import TargetTokenizer
 from eagle3_assets.tokens.tool_calls import KimiFormat, kimi_call_id, kimi_history_ids
+from tests.support.kimi_tokenizer import build_kimi_test_tokenizer
 
 SB, SE, CB, AB, CE = 163595, 163596, 163597, 163598, 163599
 
@@ -152,7 +152,7 @@ def test_glaive_escaped_quotes_text_after_and_several_calls():
 def test_broken_sections_written_by_the_loopback_are_read_back(kimi, malform):
     """The loopback writes a section broken each way servers break it; the parser still reads the
     calls the writer reports, and counts what it leaves outside any call."""
-    from eagle3_assets.testing.loopback.tool_replies import ToolCaller
+    from eagle3_assets.loopback.tool_replies import ToolCaller
 
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]

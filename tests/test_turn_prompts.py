@@ -9,14 +9,14 @@ import pytest
 
 from eagle3_assets.corpus.merge import eval_side, merge_corpus
 from eagle3_assets.generation.response_store import ResponseStore
+from eagle3_assets.loopback import ModelGenerator, SGLangApp, serve_in_thread
 from eagle3_assets.prompts.options import ReadOptions
 from eagle3_assets.prompts.reader import PromptReader
 from eagle3_assets.prompts.table import read_conversations, read_prompt_table, write_prompt_table
 from eagle3_assets.prompts.turns import conversation_id, prompts_per_conversation_rows
 from eagle3_assets.resources import SGLangResource, TargetResource
-from eagle3_assets.testing.loopback import ModelGenerator, SGLangApp, serve_in_thread
 from tests.conftest import write_jsonl
-from tests.dagster_helpers import run_dataset, small_run_config
+from tests.support.dagster_helpers import run_dataset, small_run_config
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 SYSTEM = ("SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -\n"

@@ -28,7 +28,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def ui(tmp_path_factory, model_dir):
     """``dagster dev`` on its own data root and instance; yields (server, layout, instance).
     EAGLE3_MODEL_CACHE (set by conftest) is inherited: the runs reuse the converted model."""
-    from eagle3_assets.testing.dagster_dev import dagster_dev
+    from tests.support.dagster_dev import dagster_dev
 
     with dagster_dev(tmp_path_factory.mktemp("ui") / "data") as running:
         yield running.server, running.layout, running.instance

@@ -71,7 +71,7 @@ def test_hidden_states_asset_through_vllm(layout, ext_server, model_dir):
     from eagle3_assets.hidden_states.reader import ShardReader
     from eagle3_assets.resources import VLLMResource
     from tests.conftest import small_prompts, write_jsonl
-    from tests.dagster_helpers import checks_by_name, run_dataset
+    from tests.support.dagster_helpers import checks_by_name, run_dataset
 
     write_jsonl(layout.prompt_source("qa"), small_prompts(4))
     resources = {**default_resources(), "vllm": VLLMResource(extraction_urls=[ext_server.api_url])}

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from eagle3_assets.target.vllm_server import VLLMServer, VLLMServerError, vllm_available
-from eagle3_assets.testing import small_drafter
 from tests.conftest import write_jsonl
+from tests.support import small_drafter
 
 pytestmark = [
     pytest.mark.vllm,
@@ -84,7 +84,7 @@ def test_vllm_serves_kimi_mini_as_k25_and_generation_keeps_native_ids(spec_serve
     from eagle3_assets.generation.response_store import ResponseStore
     from eagle3_assets.paths import DataLayout
     from eagle3_assets.resources import VLLMResource
-    from tests.dagster_helpers import checks_by_name, run_dataset
+    from tests.support.dagster_helpers import checks_by_name, run_dataset
 
     log = spec_server.log_path.read_text(errors="replace")
     assert "KimiK25ForConditionalGeneration" in log and "Eagle3DeepseekV2ForCausalLM" in log

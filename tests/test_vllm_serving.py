@@ -18,8 +18,8 @@ import dagster as dg
 import pytest
 
 from eagle3_assets.target.vllm_server import VLLMServer
-from eagle3_assets.testing import small_drafter
 from tests.conftest import write_jsonl
+from tests.support import small_drafter
 
 pytestmark = [
     pytest.mark.vllm,
@@ -59,7 +59,7 @@ def data_root(tmp_path_factory):
 def vllm_dataset(data_root, spec_server):
     """The ``qa`` dataset generated through the vLLM backend, up to its merged corpus."""
     from eagle3_assets.resources import VLLMResource
-    from tests.dagster_helpers import run_dataset
+    from tests.support.dagster_helpers import run_dataset
 
     prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": q}]} for i, q in enumerate(HELD_OUT)]
     write_jsonl(data_root.prompt_source("qa"), prompts)
@@ -79,7 +79,7 @@ def test_generation_keeps_native_ids(vllm_dataset, data_root, embedded, target_t
     import polars as pl
 
     from eagle3_assets.generation.response_store import ResponseStore
-    from tests.dagster_helpers import checks_by_name
+    from tests.support.dagster_helpers import checks_by_name
 
     result = vllm_dataset
     assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]

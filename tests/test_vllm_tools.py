@@ -117,7 +117,7 @@ def tool_server(ending_model, tmp_path_factory):
 def test_tool_dataset_through_vllm(tool_server, layout):
     from eagle3_assets.generation.response_store import ResponseStore
     from eagle3_assets.resources import DatasetSettings, TargetResource, VLLMResource
-    from tests.dagster_helpers import checks_by_name, run_dataset, small_run_config
+    from tests.support.dagster_helpers import checks_by_name, run_dataset, small_run_config
 
     rows = [{"id": f"t{i}", "tools": TOOLS, "messages": [{"role": "user", "content": q}]}
             for i, q in enumerate(QUESTIONS)]

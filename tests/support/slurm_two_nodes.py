@@ -2,7 +2,7 @@
 and its own ``slurmd``, joined by a bridge to the controller (``slurmctld`` and ``munged`` here, in
 the machine's own namespace). For the tests marked ``slurm`` that run a job across two nodes.
 
-    python -m eagle3_assets.testing.slurm_two_nodes check   # start, srun -N2 hostname, stop (exit 1 on failure)
+    python -m tests.support.slurm_two_nodes check   # start, srun -N2 hostname, stop (exit 1 on failure)
 
 What makes it two hosts rather than two processes:
 
@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_assets.testing.slurm_cluster import (
+from tests.support.slurm_cluster import (
     LocalSlurm,
     SlurmClusterError,
     missing_binaries,
@@ -237,7 +237,7 @@ def check(root: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m eagle3_assets.testing.slurm_two_nodes",
+    ap = argparse.ArgumentParser(prog="python -m tests.support.slurm_two_nodes",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("action", choices=("check",))
     ap.parse_args(argv)

@@ -11,19 +11,19 @@ Real HTTP on 127.0.0.1 (asyncio, a minimal HTTP/1.1 keep-alive server), speaking
   ``model``; ``GET /api/v1/key`` (``usage`` = dollars billed so far, from ``--key-usage`` on) and
   ``/api/v1/models``. A generation whose client hangs up is finished and billed, as providers bill
   non-streaming requests in flight; the server's own per-request ledger
-  (:mod:`~eagle3_assets.testing.loopback.ledger`) tells delivered replies from billed, undelivered ones.
+  (:mod:`~eagle3_assets.loopback.ledger`) tells delivered replies from billed, undelivered ones.
 
 Both answer with the real embedded model (SmolLM2-135M, batched opportunistically) unless
 ``--synthetic`` is given: then the replies are deterministic fake token ids, **for load tests
 only** (their text starts with ``[synthetic]``). Faults are injected per server, seeded, by
-probability and/or a scripted sequence; see :mod:`eagle3_assets.testing.loopback.faults`.
+probability and/or a scripted sequence; see :mod:`eagle3_assets.loopback.faults`.
 
 Usage::
 
-    python -m eagle3_assets.testing.loopback sglang --port 30000
-    python -m eagle3_assets.testing.loopback openrouter --port 8080 --api-key sk-test \\
+    python -m eagle3_assets.loopback sglang --port 30000
+    python -m eagle3_assets.loopback openrouter --port 8080 --api-key sk-test \\
         --faults 429=0.05,502=0.05,heartbeat=0.2,drop=0.01 --seed 1
-    python -m eagle3_assets.testing.loopback sglang --port 30001 --synthetic --latency 1.5 --faults slow=0.1
+    python -m eagle3_assets.loopback sglang --port 30001 --synthetic --latency 1.5 --faults slow=0.1
 
     # then point the engine at it, e.g.
     #   SGLangBackend(["http://127.0.0.1:30000"], render_prompt=model.render_prompt)

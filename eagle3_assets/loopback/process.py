@@ -14,8 +14,8 @@ from eagle3_assets.paths import REPO_ROOT
 
 @contextmanager
 def loopback_process(*args: str) -> Iterator[tuple[subprocess.Popen, str]]:
-    """``python -m eagle3_assets.testing.loopback ARGS`` until the block ends; yields (process, url)."""
-    cmd = [sys.executable, "-m", "eagle3_assets.testing.loopback", *args]
+    """``python -m eagle3_assets.loopback ARGS`` until the block ends; yields (process, url)."""
+    cmd = [sys.executable, "-m", "eagle3_assets.loopback", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT)
     line = proc.stdout.readline()
     if not line.startswith("listening on "):

@@ -1,4 +1,4 @@
-"""``python -m eagle3_assets.testing.loopback sglang|openrouter --port N [...]``; see the package docstring."""
+"""``python -m eagle3_assets.loopback sglang|openrouter --port N [...]``; see the package docstring."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m eagle3_assets.testing.loopback", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m eagle3_assets.loopback", description=__doc__)
     p.add_argument("protocol", choices=["sglang", "openrouter"])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on start)")

@@ -2,9 +2,9 @@
 ``slurm-wlm`` and ``munge`` packages, for the tests marked ``slurm`` and for trying the SLURM
 launcher on one machine. Run as root (slurmd starts jobs as their user).
 
-    python -m eagle3_assets.testing.slurm_cluster up DIR     # start; prints `export SLURM_CONF=...`
-    python -m eagle3_assets.testing.slurm_cluster down DIR   # cancel every job, stop the daemons
-    python -m eagle3_assets.testing.slurm_cluster check      # start, run `srun -n2`, stop (exit 1 on failure)
+    python -m tests.support.slurm_cluster up DIR     # start; prints `export SLURM_CONF=...`
+    python -m tests.support.slurm_cluster down DIR   # cancel every job, stop the daemons
+    python -m tests.support.slurm_cluster check      # start, run `srun -n2`, stop (exit 1 on failure)
 
 Everything lives under DIR (and a folder in /tmp for the sockets and pid files): a generated munge
 key and its own munged socket (the config's ``AuthInfo``), ports picked free, state, spool and log
@@ -273,7 +273,7 @@ def check(root: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m eagle3_assets.testing.slurm_cluster", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.support.slurm_cluster", description=__doc__.split("\n\n")[0])
     ap.add_argument("action", choices=("up", "down", "check"))
     ap.add_argument("dir", nargs="?", default="")
     args = ap.parse_args(argv)
