@@ -41,7 +41,7 @@ def _load(name: str):
 def test_each_op_equals_sglangs_own_definition():
     env = server_environment({**os.environ, "PYTHONPATH": str(ROOT)})
     env.update({"TRITON_INTERPRET": "1", "SGLANG_USE_CPU_ENGINE": "1"})
-    out = subprocess.run([default_python(), str(ROOT / "tests" / "sglang_ops_reference.py")], env=env,
+    out = subprocess.run([default_python(), str(ROOT / "tests" / "support" / "sglang_ops_reference.py")], env=env,
                          capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     assert [line[3:] for line in out.stdout.splitlines() if line.startswith("ok ")] == REFERENCED
