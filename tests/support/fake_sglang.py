@@ -2,7 +2,7 @@
 call signatures (keyword names read in the 0.5.23 source) and a miniature model whose decoder
 loop and logits-processor call follow models/llama.py.
 
-The capture itself runs on SGLang's real ``ModelRunner`` in ``tests/test_sglang_capture_real.py``;
+The capture itself runs on SGLang's real ``ModelRunner`` in ``tests/integration/sglang/test_sglang_capture_real.py``;
 this stand-in stays only for what a CPU cannot show: a second tensor-parallel rank's published
 placement, a page size SGLang resolves on GPUs (64 for trtllm_mla), a pool capped by GPU memory,
 flags ``ServerArgs`` switches on by itself there, a Kimi-K2.5 config, and pools freed after a

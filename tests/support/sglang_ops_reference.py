@@ -1,4 +1,4 @@
-"""Run in SGLang's environment (``.venv-sglang``) by tests/test_sglang_cpu_ops.py: each of the project's
+"""Run in SGLang's environment (``.venv-sglang``) by tests/integration/sglang/test_sglang_cpu_ops.py: each of the project's
 CPU ``sgl_kernel`` ops against SGLang's own definition of it, on the same inputs.
 
 The speculative ops are compared with SGLang's Triton kernels, run by Triton's interpreter
