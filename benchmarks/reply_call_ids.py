@@ -96,8 +96,9 @@ def main() -> None:
     ap.add_argument("--traces", type=int, default=200)
     args = ap.parse_args()
     from benchmarks.results import record
+    from eagle3_assets.target.tokenizer import TargetTokenizer
     from eagle3_assets.testing.kimi_tokenizer import build_kimi_test_tokenizer
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer, build_token_row
+    from eagle3_assets.tokens.rows import build_token_row
 
     figures = {}
     with tempfile.TemporaryDirectory() as tmp:

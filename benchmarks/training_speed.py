@@ -69,8 +69,8 @@ def make_target(path: Path, text: dict, seed: int = 0) -> Path:
 def make_shards(path: Path, text: dict, samples: int, length: int, seed: int = 0) -> Path:
     """``samples`` random sequences of ``length`` tokens (loss on the last two thirds), written by
     the project's shard writer in bf16."""
-    from eagle3_assets.hidden_states.layers import resolve_layer_ids
     from eagle3_assets.hidden_states.write import write_samples
+    from eagle3_assets.target.layers import resolve_layer_ids
 
     g = torch.Generator().manual_seed(seed)
     h, layers = text["hidden_size"], text["num_hidden_layers"]

@@ -9,8 +9,8 @@ from eagle3_assets.generation.classify import MISSING_REASONING, classify
 from eagle3_assets.generation.http_report import HttpGenerationReport
 from eagle3_assets.prompts.problems import RowError
 from eagle3_assets.prompts.rows import parse_row
+from eagle3_assets.target.tokenizer import TargetTokenizer
 from eagle3_assets.testing.kimi_tokenizer import build_kimi_test_tokenizer
-from eagle3_assets.tokens.tokenizer import TargetTokenizer
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
 DEFAULT_SYSTEM = "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"

@@ -7,10 +7,10 @@ import polars as pl
 import pytest
 import torch
 
-from eagle3_assets.hidden_states import layers as hidden_layers
 from eagle3_assets.hidden_states.extract import extract_corpus
 from eagle3_assets.hidden_states.extractors import Features
 from eagle3_assets.resources import TargetResource
+from eagle3_assets.target import layers as hidden_layers
 from eagle3_assets.target.identity import TargetMismatchError, target_identity
 from eagle3_assets.target.spec import TargetSpec
 from tests.dagster_helpers import run_drafter

@@ -19,8 +19,8 @@ from eagle3_assets.prompts.options import ColumnMap, ReadOptions
 from eagle3_assets.prompts.table import read_prompt_table
 from eagle3_assets.resources import DatasetSettings, OpenRouterResource, SGLangResource, TargetResource
 from eagle3_assets.target.embedded import EmbeddedModel
+from eagle3_assets.target.tokenizer import TargetTokenizer
 from eagle3_assets.testing.loopback import ModelGenerator, OpenRouterApp, SGLangApp, serve_in_thread
-from eagle3_assets.tokens.tokenizer import TargetTokenizer
 from tests.conftest import write_jsonl
 from tests.dagster_helpers import checks_by_name, run_dataset, small_run_config
 

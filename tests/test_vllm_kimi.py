@@ -38,7 +38,7 @@ IM_END, THINK = 163586, 163606
 @pytest.fixture(scope="module")
 def kimi(kimi_mini_dir):
     from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     return EmbeddedModel(kimi_mini_dir, tokenizer=TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True))
 

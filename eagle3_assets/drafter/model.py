@@ -86,7 +86,7 @@ class DrafterConfig:
         scaling) is the target's; for an MLA target (DeepSeek-V3 / Kimi) whose ``head_dim`` means
         the rope width, the drafter's Llama heads are ``v_head_dim`` wide; ``attention="mla"``
         gives the drafter the target's own MLA shape instead."""
-        from eagle3_assets.hidden_states.layers import resolve_layer_ids
+        from eagle3_assets.target.layers import resolve_layer_ids
 
         text = target.get("text_config") or target
         heads = int(text["num_attention_heads"])

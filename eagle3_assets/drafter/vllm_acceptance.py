@@ -170,7 +170,7 @@ def measure_recipe(recipe_name: str, *, python: str | None = None, layout=None, 
 def _stop_ids(model_dir: Path, trust_remote_code: bool) -> list[int]:
     """The target's eos ids and its template's end of turn."""
     from eagle3_assets.target.stops import decode_stop_ids
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     return decode_stop_ids(model_dir, TargetTokenizer.load(model_dir, trust_remote_code=trust_remote_code))
 

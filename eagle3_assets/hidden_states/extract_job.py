@@ -73,8 +73,8 @@ def build_extractor(job: ExtractionJob, stack: ExitStack):
 
         return LocalExtractor(job.model_path, layer_ids=job.layer_ids, device=job.device, dtype=job.model_dtype,
                               target=job.target)
-    from eagle3_assets.hidden_states.layers import resolve_layer_ids
     from eagle3_assets.hidden_states.vllm_extractor import VLLMExtractor, vllm_layer_ids
+    from eagle3_assets.target.layers import resolve_layer_ids
     from eagle3_assets.target.precision import cuda_available, resolve_dtype
     from eagle3_assets.target.vllm_server import VLLMServer
 

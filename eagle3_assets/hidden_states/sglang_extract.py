@@ -24,10 +24,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from eagle3_assets.hidden_states import layers as hidden_layers
 from eagle3_assets.hidden_states.extract import ExtractionReport, extract_corpus
 from eagle3_assets.hidden_states.tensor_parallel import Group, LeaderExtractor, follow, init_tensor_parallel
 from eagle3_assets.job_file import JobFile
+from eagle3_assets.target import layers as hidden_layers
 
 REPORT = "extraction-report.json"
 

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from eagle3_assets.hidden_states import layers as hidden_layers
 from eagle3_assets.hidden_states.extractors import Features, check_features, check_rows
+from eagle3_assets.target import layers as hidden_layers
 
 LOCK_SUFFIX = ".lock"
 

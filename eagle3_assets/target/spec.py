@@ -70,9 +70,9 @@ class TargetSpec:
         return decode_stop_ids(self.model_dir, self.load_tokenizer())
 
     def load_tokenizer(self):
-        """The target's :class:`~eagle3_assets.tokens.tokenizer.TargetTokenizer` (loaded once)."""
+        """The target's :class:`~eagle3_assets.target.tokenizer.TargetTokenizer` (loaded once)."""
         if "tokenizer" not in self._cache:
-            from eagle3_assets.tokens.tokenizer import TargetTokenizer
+            from eagle3_assets.target.tokenizer import TargetTokenizer
 
             self._cache["tokenizer"] = TargetTokenizer.load(
                 self.tokenizer_dir, end_of_turn=self.end_of_turn, trust_remote_code=self.trust_remote_code,

@@ -258,7 +258,7 @@ class VLLMServer(ServerProcess):
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    from eagle3_assets.hidden_states.layers import resolve_layer_ids, to_speculators_ids
+    from eagle3_assets.target.layers import resolve_layer_ids, to_speculators_ids
 
     p = argparse.ArgumentParser(prog="python -m eagle3_assets.target.vllm_server", description=__doc__.split("\n\n")[0])
     p.add_argument("role", choices=ROLES)

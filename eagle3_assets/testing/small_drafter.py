@@ -36,8 +36,8 @@ def answer_features(embedded, model_dir: Path, out_dir: Path, questions: list[st
     """The target's greedy answers to ``questions`` and their features, stored as the
     ``hidden_states`` asset stores them (a shard directory training streams from)."""
     from eagle3_assets.drafter.spec_decode import target_features
-    from eagle3_assets.hidden_states.layers import resolve_layer_ids
     from eagle3_assets.hidden_states.write import write_samples
+    from eagle3_assets.target.layers import resolve_layer_ids
 
     text = _text_config(model_dir)
     layer_ids = resolve_layer_ids(text["num_hidden_layers"], list(layer_ids) if layer_ids else None)
