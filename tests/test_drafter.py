@@ -21,7 +21,7 @@ from eagle3_assets.drafter.export import export_sglang, export_vllm, load_vllm
 from eagle3_assets.drafter.model import DrafterConfig, KVCache, build_drafter
 from eagle3_assets.drafter.recipes import RecipeError, list_recipes, load_recipe, parse_recipe
 from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate, target_features, untrained_baseline
-from eagle3_assets.drafter.target_weights import read_target_config, read_target_embeddings, read_target_lm_head
+from eagle3_assets.drafter.target_weights import read_target_embeddings, read_target_lm_head
 from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint
 from eagle3_assets.drafter.training.config import TrainSettings
 from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset, collate
@@ -37,6 +37,7 @@ from eagle3_assets.drafter.vocab_map import (
 )
 from eagle3_assets.hidden_states.write import write_samples
 from eagle3_assets.paths import BUNDLED, REPO_ROOT
+from eagle3_assets.target.config import read_config
 
 pytestmark = pytest.mark.model
 
@@ -83,7 +84,7 @@ def features(embedded, corpus):
 
 @pytest.fixture(scope="module")
 def target(model_dir):
-    return {"config": read_target_config(model_dir), "embed": read_target_embeddings(model_dir),
+    return {"config": read_config(model_dir), "embed": read_target_embeddings(model_dir),
             "head": read_target_lm_head(model_dir).float()}
 
 

@@ -74,6 +74,7 @@ def build_extractor(job: ExtractionJob, stack: ExitStack):
         return LocalExtractor(job.model_path, layer_ids=job.layer_ids, device=job.device, dtype=job.model_dtype,
                               target=job.target)
     from eagle3_assets.hidden_states.vllm_extractor import VLLMExtractor, vllm_layer_ids
+    from eagle3_assets.target.config import read_config, text_config
     from eagle3_assets.target.layers import resolve_layer_ids
     from eagle3_assets.target.precision import cuda_available, resolve_dtype
     from eagle3_assets.target.vllm_server import VLLMServer
@@ -81,8 +82,7 @@ def build_extractor(job: ExtractionJob, stack: ExitStack):
     if job.vllm is None:
         raise ValueError("backend vllm needs the 'vllm' server settings")
     s = job.vllm
-    text = json.loads((Path(job.model_path) / "config.json").read_text())
-    layers = int((text.get("text_config") or text)["num_hidden_layers"])
+    layers = int(text_config(read_config(job.model_path))["num_hidden_layers"])
     ids = resolve_layer_ids(layers, job.layer_ids)
     extra = [*s.extra_args] + (["--tensor-parallel-size", str(s.tensor_parallel_size)] if s.tensor_parallel_size > 1 else [])
     server = VLLMServer(job.model_path, role="extract", python=s.python, served_name=s.served_name,

@@ -18,7 +18,6 @@ import torch
 
 from eagle3_assets.drafter.model import DrafterConfig, build_drafter
 from eagle3_assets.drafter.target_weights import (
-    read_target_config,
     read_target_embeddings,
     read_target_final_norm,
     read_target_lm_head,
@@ -31,6 +30,7 @@ from eagle3_assets.drafter.training.loop import Trainer
 from eagle3_assets.drafter.training.memory_plan import GiB, MemoryEstimate, plan_for_run, refusal
 from eagle3_assets.drafter.training.teacher import Teacher
 from eagle3_assets.drafter.vocab_map import check_vocab_map, counts_hash, load_or_build_vocab_map
+from eagle3_assets.target.config import read_config
 
 
 def compute_dtype(job: TrainJob, device: torch.device) -> torch.dtype:
@@ -47,7 +47,7 @@ def drafter_config(job: TrainJob, dataset: ShardDataset) -> DrafterConfig:
     if wanted is not None and stored is not None and list(wanted) != stored:
         raise ValueError(f"the recipe asks for aux layers {list(wanted)} but the hidden states hold {stored}: "
                          "re-extract with those layer_ids or drop aux_layer_ids from the recipe")
-    cfg = DrafterConfig.from_target(read_target_config(job.target_dir), draft_vocab_size=job.shape.draft_vocab_size,
+    cfg = DrafterConfig.from_target(read_config(job.target_dir), draft_vocab_size=job.shape.draft_vocab_size,
                                     aux_layer_ids=wanted or stored, intermediate_size=job.shape.intermediate_size,
                                     attention=job.shape.attention, norm_before_fc=job.shape.norm_before_fc)
     if dataset.readers and dataset.hidden_size != cfg.target_hidden_size:
