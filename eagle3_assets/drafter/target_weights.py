@@ -46,9 +46,10 @@ def read_target_embeddings(model_dir: Path) -> torch.Tensor:
     return read_target_tensor(model_dir, *EMBEDDING_NAMES)
 
 
-def read_target_lm_head(model_dir: Path) -> torch.Tensor:
-    """The target's output head [V, H]; the embedding matrix when the target ties them."""
-    cfg = read_config(model_dir)
+def read_target_lm_head(model_dir: Path, config: dict | None = None) -> torch.Tensor:
+    """The target's output head [V, H]; the embedding matrix when the target ties them (``config``: its
+    ``config.json`` when already read)."""
+    cfg = read_config(model_dir) if config is None else config
     text = text_config(cfg)
     if text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)):
         return read_target_embeddings(model_dir)

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3_assets.hidden_states.extract import ExtractionReport, extract_corpus
 from eagle3_assets.job_file import JobFile
+from eagle3_assets.target.ref import TargetRef
 
 REPORT = "extraction-report.json"  # the same file the SGLang job writes (sglang_extract.load_report reads both)
 
@@ -51,8 +52,7 @@ class ExtractionJob(JobFile):
     """One dataset's extraction; the asset writes it, the job reads it."""
 
     backend: Literal["local", "vllm"]
-    model_path: str
-    target: dict  # identity recorded in the manifest
+    target: TargetRef
     corpus: str
     out_dir: str
     layer_ids: list[int] | None = None
@@ -68,13 +68,13 @@ class ExtractionJob(JobFile):
 
 
 def build_extractor(job: ExtractionJob, stack: ExitStack):
+    target = job.target.open()
     if job.backend == "local":
         from eagle3_assets.hidden_states.extractors import LocalExtractor
 
-        return LocalExtractor(job.model_path, layer_ids=job.layer_ids, device=job.device, dtype=job.model_dtype,
-                              target=job.target)
+        return LocalExtractor(target.model_dir, layer_ids=job.layer_ids, device=job.device, dtype=job.model_dtype,
+                              target=target.identity)
     from eagle3_assets.hidden_states.vllm_extractor import VLLMExtractor, vllm_layer_ids
-    from eagle3_assets.target.config import read_config, text_config
     from eagle3_assets.target.layers import resolve_layer_ids
     from eagle3_assets.target.precision import cuda_available, resolve_dtype
     from eagle3_assets.target.vllm_server import VLLMServer
@@ -82,10 +82,10 @@ def build_extractor(job: ExtractionJob, stack: ExitStack):
     if job.vllm is None:
         raise ValueError("backend vllm needs the 'vllm' server settings")
     s = job.vllm
-    layers = int(text_config(read_config(job.model_path))["num_hidden_layers"])
+    layers = target.num_layers
     ids = resolve_layer_ids(layers, job.layer_ids)
     extra = [*s.extra_args] + (["--tensor-parallel-size", str(s.tensor_parallel_size)] if s.tensor_parallel_size > 1 else [])
-    server = VLLMServer(job.model_path, role="extract", python=s.python, served_name=s.served_name,
+    server = VLLMServer(target.model_dir, role="extract", python=s.python, served_name=s.served_name,
                         dtype=resolve_dtype(s.dtype), max_model_len=s.max_model_len,
                         enforce_eager=not cuda_available() if s.enforce_eager is None else s.enforce_eager,
                         kv_cache_gib=s.kv_cache_gib, vllm_layer_ids=vllm_layer_ids(ids, layers), extra_args=extra)
@@ -94,8 +94,8 @@ def build_extractor(job: ExtractionJob, stack: ExitStack):
     print(f"vLLM extraction server starting on {os.uname().nodename}, log {server.log_path}", flush=True)
     server.wait_ready(s.ready_timeout_s)
     print(f"vLLM extraction server ready: {server.api_url}", flush=True)
-    extractor = VLLMExtractor(server.api_url, job.model_path, layer_ids=job.layer_ids, preferred_model=server.served_name,
-                              concurrency=s.concurrency, target=job.target)
+    extractor = VLLMExtractor(server.api_url, target.model_dir, layer_ids=job.layer_ids, preferred_model=server.served_name,
+                              concurrency=s.concurrency, target=target.identity)
     stack.callback(extractor.close)
     return extractor
 

@@ -28,6 +28,7 @@ from eagle3_assets.hidden_states.extract import ExtractionReport, extract_corpus
 from eagle3_assets.hidden_states.tensor_parallel import Group, LeaderExtractor, follow, init_tensor_parallel
 from eagle3_assets.job_file import JobFile
 from eagle3_assets.target import layers as hidden_layers
+from eagle3_assets.target.ref import OpenTarget, TargetRef
 
 REPORT = "extraction-report.json"
 
@@ -35,13 +36,9 @@ REPORT = "extraction-report.json"
 class SGLangExtractionJob(JobFile):
     """One extraction run; the asset writes it, every rank reads it."""
 
-    model_path: str
+    target: TargetRef  # the target (its sizes are read from it, once, on each rank)
     corpus: str  # merged-corpus Parquet
     out_dir: str  # the dataset's hidden-state directory
-    target: dict  # identity recorded in the manifest
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    vocab_size: int = Field(ge=1)
     layer_ids: list[int] | None = None  # None: the default aux layers
     tp_size: int = Field(1, ge=1)
     dtype: Literal["bf16", "fp8"] = "bf16"  # shard storage
@@ -51,7 +48,6 @@ class SGLangExtractionJob(JobFile):
     max_length: int | None = Field(None, ge=1)  # the target's context: longer rows are quarantined, never run
     retry_quarantined: bool = False
     model_dtype: str = "auto"  # the target's dtype; auto: bfloat16 where the rank sees a GPU, else float32
-    trust_remote_code: bool = False
     server_args: dict = Field(default_factory=dict)  # further ServerArgs fields (e.g. mem_fraction_static)
     nodes: int = Field(1, ge=1)  # >1: a TP group per node (SLURM_PROCID), each its share into parts/
 
@@ -72,14 +68,15 @@ def sglang_capture(job: SGLangExtractionJob, group: Group, layer_ids: list[int])
     from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
     from eagle3_assets.target.precision import resolve_dtype
 
-    return SGLangCapture(job.model_path, layer_ids=layer_ids, tp_rank=group.rank, tp_size=group.world_size,
+    return SGLangCapture(job.target.model_dir, layer_ids=layer_ids, tp_rank=group.rank, tp_size=group.world_size,
                          gpu_id=group.local_rank, batch_tokens=job.batch_tokens, longest_row=longest_row(job),
-                         max_rows=job.max_rows, dtype=resolve_dtype(job.model_dtype), trust_remote_code=job.trust_remote_code,
-                         server_args=job.server_args, nccl_port=int(os.environ.get("MASTER_PORT", "0")))
+                         max_rows=job.max_rows, dtype=resolve_dtype(job.model_dtype),
+                         trust_remote_code=job.target.trust_remote_code, server_args=job.server_args,
+                         nccl_port=int(os.environ.get("MASTER_PORT", "0")))
 
 
-def describe(job: SGLangExtractionJob, layer_ids: list[int], backend: str) -> dict:
-    return {"target": job.target, "layers": hidden_layers.convention(layer_ids, job.num_layers),
+def describe(job: SGLangExtractionJob, target: OpenTarget, layer_ids: list[int], backend: str) -> dict:
+    return {"target": target.identity, "layers": hidden_layers.convention(layer_ids, target.num_layers),
             "backend": f"{backend} tp{job.tp_size}"}
 
 
@@ -87,7 +84,8 @@ def run_extraction(job: SGLangExtractionJob, capture_factory=sglang_capture, *, 
                    progress=None) -> ExtractionReport | None:
     """This rank's part of the job; rank 0 returns the report (and writes it beside the shards)."""
     group = init_tensor_parallel(job.tp_size)
-    layer_ids = hidden_layers.resolve_layer_ids(job.num_layers, job.layer_ids)
+    target = job.target.open()
+    layer_ids = hidden_layers.resolve_layer_ids(target.num_layers, job.layer_ids)
     capture = capture_factory(job, group, layer_ids)
     if group.rank != 0:
         follow(capture, group)
@@ -96,9 +94,9 @@ def run_extraction(job: SGLangExtractionJob, capture_factory=sglang_capture, *, 
         from eagle3_assets.hidden_states.sglang_capture import SGLANG_VERSION
 
         backend = f"sglang-{SGLANG_VERSION}"
-    leader = LeaderExtractor(capture, group, hidden_size=job.hidden_size, vocab_size=job.vocab_size,
+    leader = LeaderExtractor(capture, group, hidden_size=target.hidden_size, vocab_size=target.vocab_size,
                              max_rows=job.max_rows, max_length=job.max_length,
-                             page_size=getattr(capture, "page_size", 1), describe=describe(job, layer_ids, backend))
+                             page_size=getattr(capture, "page_size", 1), describe=describe(job, target, layer_ids, backend))
     node, out, share, skip = node_of_job(job), Path(job.out_dir), None, None
     if job.nodes > 1:
         from eagle3_assets.hidden_states.parts import part_dir, stored_ids
