@@ -11,7 +11,6 @@ launched by Dagster Pipes logs progress to the run; the report is written beside
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -25,7 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3_assets.hidden_states.extract import ExtractionReport, extract_corpus
-from eagle3_assets.job_file import JobFile
+from eagle3_assets.job_file import JobFile, run_job_main
 from eagle3_assets.target.ref import TargetRef
 
 REPORT = "extraction-report.json"  # the same file the SGLang job writes (sglang_extract.load_report reads both)
@@ -142,34 +141,28 @@ def _stop_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Extract EAGLE-3 hidden states for one dataset (local or vLLM backend).")
-    ap.add_argument("--config", required=True, help="an ExtractionJob as JSON")
-    args = ap.parse_args(argv)
-    try:
-        job = ExtractionJob.from_json(args.config)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def _run(job: ExtractionJob, args, pipes) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    if not os.environ.get("DAGSTER_PIPES_CONTEXT") or job_rank(job)[0] != 0:  # one node reports to Dagster
+    if pipes is None:
         run_extraction(job)
         return 0
-    from dagster_pipes import open_dagster_pipes
+    last = [time.monotonic()]
 
-    with open_dagster_pipes() as pipes:
-        last = [time.monotonic()]
+    def progress(rep: ExtractionReport) -> None:
+        if time.monotonic() - last[0] > 10:
+            last[0] = time.monotonic()
+            pipes.log.info(f"{rep.extracted} samples, {rep.tokens_extracted:,}/{rep.tokens_todo:,} tokens, "
+                           f"{rep.tokens_per_s:,.0f} tokens/s")
 
-        def progress(rep: ExtractionReport) -> None:
-            if time.monotonic() - last[0] > 10:
-                last[0] = time.monotonic()
-                pipes.log.info(f"{rep.extracted} samples, {rep.tokens_extracted:,}/{rep.tokens_todo:,} tokens, "
-                               f"{rep.tokens_per_s:,.0f} tokens/s")
-
-        report = run_extraction(job, progress)
-        pipes.log.info(f"extracted {report.extracted} samples ({report.tokens_extracted:,} tokens) in "
-                       f"{report.seconds:.0f} s; {report.already_done} were already stored")
+    report = run_extraction(job, progress)
+    pipes.log.info(f"extracted {report.extracted} samples ({report.tokens_extracted:,} tokens) in "
+                   f"{report.seconds:.0f} s; {report.already_done} were already stored")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job_main(ExtractionJob, _run, argv, reports=lambda job: job_rank(job)[0] == 0,  # one node reports
+                        description="Extract EAGLE-3 hidden states for one dataset (local or vLLM backend).")
 
 
 if __name__ == "__main__":

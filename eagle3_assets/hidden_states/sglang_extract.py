@@ -12,7 +12,6 @@ several datasets at once. Launched by Dagster Pipes, rank 0 logs progress to the
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -26,7 +25,7 @@ from pydantic import Field
 
 from eagle3_assets.hidden_states.extract import ExtractionReport, extract_corpus
 from eagle3_assets.hidden_states.tensor_parallel import Group, LeaderExtractor, follow, init_tensor_parallel
-from eagle3_assets.job_file import JobFile
+from eagle3_assets.job_file import JobFile, run_job_main
 from eagle3_assets.target import layers as hidden_layers
 from eagle3_assets.target.ref import OpenTarget, TargetRef
 
@@ -138,24 +137,9 @@ def _factory(spec: str):
     return getattr(importlib.import_module(module), name)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Extract EAGLE-3 hidden states through SGLang (one TP group).")
-    ap.add_argument("--config", required=True, help="an SGLangExtractionJob as JSON")
-    ap.add_argument("--capture", default=None, help="module:function building the capture (default: SGLang's)")
-    args = ap.parse_args(argv)
-    try:
-        job = SGLangExtractionJob.from_json(args.config)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def _run(job: SGLangExtractionJob, args, pipes) -> int:
     factory = _factory(args.capture) if args.capture else sglang_capture
     backend = None if args.capture is None else args.capture
-    pipes = None
-    first_node = int(os.environ.get("SLURM_PROCID", "0")) == 0 or job.nodes == 1
-    if int(os.environ.get("RANK", "0")) == 0 and first_node and os.environ.get("DAGSTER_PIPES_CONTEXT"):
-        from dagster_pipes import open_dagster_pipes
-
-        pipes = open_dagster_pipes()
     last = [time.monotonic()]
 
     def progress(rep: ExtractionReport) -> None:
@@ -164,18 +148,28 @@ def main(argv: list[str] | None = None) -> int:
             pipes.log.info(f"{rep.extracted} samples, {rep.tokens_extracted:,}/{rep.tokens_todo:,} tokens, "
                            f"{rep.tokens_per_s:,.0f} tokens/s")
 
-    try:
-        if pipes is None:
-            run_extraction(job, factory, backend=backend, progress=progress)
-        else:
-            with pipes:
-                run_extraction(job, factory, backend=backend, progress=progress)
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+    run_extraction(job, factory, backend=backend, progress=progress)
     return 0
+
+
+def _reports(job: SGLangExtractionJob) -> bool:
+    """Rank 0 of the first node's group reports to Dagster."""
+    first_node = int(os.environ.get("SLURM_PROCID", "0")) == 0 or job.nodes == 1
+    return int(os.environ.get("RANK", "0")) == 0 and first_node
+
+
+def _close_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job_main(SGLangExtractionJob, _run, argv, reports=_reports, cleanup=_close_group,
+                        description="Extract EAGLE-3 hidden states through SGLang (one TP group).",
+                        options={"--capture": dict(default=None, help="module:function building the capture "
+                                                   "(default: SGLang's)")})
 
 
 if __name__ == "__main__":
