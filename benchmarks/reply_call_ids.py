@@ -96,7 +96,8 @@ def main() -> None:
     ap.add_argument("--traces", type=int, default=200)
     args = ap.parse_args()
     from benchmarks.results import record
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer, build_token_row
+    from eagle3_assets.target.tokenizer import TargetTokenizer
+    from eagle3_assets.tokens.rows import build_token_row
     from tests.support.kimi_tokenizer import build_kimi_test_tokenizer
 
     figures = {}

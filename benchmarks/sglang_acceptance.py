@@ -54,7 +54,7 @@ def main(argv=None) -> None:
     kimi = args.target == "kimi-mini"
     if kimi:
         from eagle3_assets.target.kimi_mini import ensure_kimi_mini
-        from eagle3_assets.tokens.tokenizer import TargetTokenizer
+        from eagle3_assets.target.tokenizer import TargetTokenizer
 
         model_dir = ensure_kimi_mini(models)
         embedded = EmbeddedModel(model_dir, tokenizer=TargetTokenizer.load(model_dir, trust_remote_code=True))

@@ -188,7 +188,7 @@ def main() -> int:
         print("no vLLM environment: run `make vllm` first", file=sys.stderr)
         return 2
     from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     model_dir = ensure_kimi_mini(Path(os.environ.get("EAGLE3_MODEL_CACHE") or ROOT / "data" / "models"))
     kimi = EmbeddedModel(model_dir, tokenizer=TargetTokenizer.load(model_dir, trust_remote_code=True))

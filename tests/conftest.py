@@ -175,7 +175,7 @@ def kimi_mini_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def target_tokenizer(model_dir):
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     return TargetTokenizer.load(model_dir)
 

@@ -19,17 +19,6 @@ from eagle3_assets.drafter.vllm_acceptance import EngineAcceptance
 from eagle3_assets.drafter.vllm_acceptance import compare as engine_compare
 
 
-def eagle3_args(export_dir, k: int, topk: int = 1, draft_tokens: int = 0) -> list[str]:
-    """The flags that make an SGLang server speculate with the EAGLE-3 export in ``export_dir``:
-    ``k`` draft steps, by default a chain (top-k 1, ``k + 1`` tokens verified: the drafts and the
-    step's own token); with ``topk`` > 1 a tree of ``draft_tokens`` nodes (root included)."""
-    if topk > 1 and draft_tokens < 2:
-        raise ValueError(f"a draft tree (topk {topk}) needs draft_tokens, the nodes verified per step")
-    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(export_dir),
-            "--speculative-num-steps", str(k), "--speculative-eagle-topk", str(topk),
-            "--speculative-num-draft-tokens", str(draft_tokens if topk > 1 else k + 1)]
-
-
 def acceptance_from_meta(metas: Sequence[dict], k: int) -> dict:
     """Summed per-request counters -> drafts, draft tokens, accepted tokens, acceptance length and
     per-position rates (a step that accepted ``j`` drafts accepted positions ``0..j-1``)."""

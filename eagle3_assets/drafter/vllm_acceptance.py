@@ -153,7 +153,8 @@ def measure_recipe(recipe_name: str, *, python: str | None = None, layout=None, 
     if not ev_path.exists() or not (out / "vllm" / "config.json").exists():
         raise FileNotFoundError(f"{out}: no trained drafter (eval.json and vllm/): materialize drafter_checkpoint[{recipe.name}]")
     ev = json.loads(ev_path.read_text())
-    model_dir = Path(json.loads((out / "job.json").read_text()).get("target_dir") or resolve_model_dir("", layout.models_dir))
+    trained_on = json.loads((out / "job.json").read_text()).get("target", {}).get("model_dir")
+    model_dir = Path(trained_on or resolve_model_dir("", layout.models_dir))
     prompts = eval_prompts(layout, recipe.datasets, recipe.evaluation.eval_samples)
     stops = _stop_ids(model_dir, trust_remote_code)
     greedy = _greedy(model_dir, prompts, recipe.evaluation.eval_max_new_tokens, stops)
@@ -170,7 +171,7 @@ def measure_recipe(recipe_name: str, *, python: str | None = None, layout=None, 
 def _stop_ids(model_dir: Path, trust_remote_code: bool) -> list[int]:
     """The target's eos ids and its template's end of turn."""
     from eagle3_assets.target.stops import decode_stop_ids
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     return decode_stop_ids(model_dir, TargetTokenizer.load(model_dir, trust_remote_code=trust_remote_code))
 

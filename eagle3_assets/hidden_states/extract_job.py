@@ -11,7 +11,6 @@ launched by Dagster Pipes logs progress to the run; the report is written beside
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -25,7 +24,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3_assets.hidden_states.extract import ExtractionReport, extract_corpus
-from eagle3_assets.job_file import JobFile
+from eagle3_assets.job_file import JobFile, run_job_main
+from eagle3_assets.target.ref import TargetRef
 
 REPORT = "extraction-report.json"  # the same file the SGLang job writes (sglang_extract.load_report reads both)
 
@@ -51,8 +51,7 @@ class ExtractionJob(JobFile):
     """One dataset's extraction; the asset writes it, the job reads it."""
 
     backend: Literal["local", "vllm"]
-    model_path: str
-    target: dict  # identity recorded in the manifest
+    target: TargetRef
     corpus: str
     out_dir: str
     layer_ids: list[int] | None = None
@@ -68,24 +67,24 @@ class ExtractionJob(JobFile):
 
 
 def build_extractor(job: ExtractionJob, stack: ExitStack):
+    target = job.target.open()
     if job.backend == "local":
         from eagle3_assets.hidden_states.extractors import LocalExtractor
 
-        return LocalExtractor(job.model_path, layer_ids=job.layer_ids, device=job.device, dtype=job.model_dtype,
-                              target=job.target)
-    from eagle3_assets.hidden_states.layers import resolve_layer_ids
+        return LocalExtractor(target.model_dir, layer_ids=job.layer_ids, device=job.device, dtype=job.model_dtype,
+                              target=target.identity)
     from eagle3_assets.hidden_states.vllm_extractor import VLLMExtractor, vllm_layer_ids
+    from eagle3_assets.target.layers import resolve_layer_ids
     from eagle3_assets.target.precision import cuda_available, resolve_dtype
     from eagle3_assets.target.vllm_server import VLLMServer
 
     if job.vllm is None:
         raise ValueError("backend vllm needs the 'vllm' server settings")
     s = job.vllm
-    text = json.loads((Path(job.model_path) / "config.json").read_text())
-    layers = int((text.get("text_config") or text)["num_hidden_layers"])
+    layers = target.num_layers
     ids = resolve_layer_ids(layers, job.layer_ids)
     extra = [*s.extra_args] + (["--tensor-parallel-size", str(s.tensor_parallel_size)] if s.tensor_parallel_size > 1 else [])
-    server = VLLMServer(job.model_path, role="extract", python=s.python, served_name=s.served_name,
+    server = VLLMServer(target.model_dir, role="extract", python=s.python, served_name=s.served_name,
                         dtype=resolve_dtype(s.dtype), max_model_len=s.max_model_len,
                         enforce_eager=not cuda_available() if s.enforce_eager is None else s.enforce_eager,
                         kv_cache_gib=s.kv_cache_gib, vllm_layer_ids=vllm_layer_ids(ids, layers), extra_args=extra)
@@ -94,8 +93,8 @@ def build_extractor(job: ExtractionJob, stack: ExitStack):
     print(f"vLLM extraction server starting on {os.uname().nodename}, log {server.log_path}", flush=True)
     server.wait_ready(s.ready_timeout_s)
     print(f"vLLM extraction server ready: {server.api_url}", flush=True)
-    extractor = VLLMExtractor(server.api_url, job.model_path, layer_ids=job.layer_ids, preferred_model=server.served_name,
-                              concurrency=s.concurrency, target=job.target)
+    extractor = VLLMExtractor(server.api_url, target.model_dir, layer_ids=job.layer_ids, preferred_model=server.served_name,
+                              concurrency=s.concurrency, target=target.identity)
     stack.callback(extractor.close)
     return extractor
 
@@ -142,34 +141,28 @@ def _stop_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Extract EAGLE-3 hidden states for one dataset (local or vLLM backend).")
-    ap.add_argument("--config", required=True, help="an ExtractionJob as JSON")
-    args = ap.parse_args(argv)
-    try:
-        job = ExtractionJob.from_json(args.config)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def _run(job: ExtractionJob, args, pipes) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    if not os.environ.get("DAGSTER_PIPES_CONTEXT") or job_rank(job)[0] != 0:  # one node reports to Dagster
+    if pipes is None:
         run_extraction(job)
         return 0
-    from dagster_pipes import open_dagster_pipes
+    last = [time.monotonic()]
 
-    with open_dagster_pipes() as pipes:
-        last = [time.monotonic()]
+    def progress(rep: ExtractionReport) -> None:
+        if time.monotonic() - last[0] > 10:
+            last[0] = time.monotonic()
+            pipes.log.info(f"{rep.extracted} samples, {rep.tokens_extracted:,}/{rep.tokens_todo:,} tokens, "
+                           f"{rep.tokens_per_s:,.0f} tokens/s")
 
-        def progress(rep: ExtractionReport) -> None:
-            if time.monotonic() - last[0] > 10:
-                last[0] = time.monotonic()
-                pipes.log.info(f"{rep.extracted} samples, {rep.tokens_extracted:,}/{rep.tokens_todo:,} tokens, "
-                               f"{rep.tokens_per_s:,.0f} tokens/s")
-
-        report = run_extraction(job, progress)
-        pipes.log.info(f"extracted {report.extracted} samples ({report.tokens_extracted:,} tokens) in "
-                       f"{report.seconds:.0f} s; {report.already_done} were already stored")
+    report = run_extraction(job, progress)
+    pipes.log.info(f"extracted {report.extracted} samples ({report.tokens_extracted:,} tokens) in "
+                   f"{report.seconds:.0f} s; {report.already_done} were already stored")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job_main(ExtractionJob, _run, argv, reports=lambda job: job_rank(job)[0] == 0,  # one node reports
+                        description="Extract EAGLE-3 hidden states for one dataset (local or vLLM backend).")
 
 
 if __name__ == "__main__":

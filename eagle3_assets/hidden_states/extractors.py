@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_assets.hidden_states import layers as hidden_layers
+from eagle3_assets.target import layers as hidden_layers
 from eagle3_assets.target.identity import target_identity
 
 N_AUX = hidden_layers.N_AUX

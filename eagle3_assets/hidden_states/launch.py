@@ -25,6 +25,7 @@ from eagle3_assets.hidden_states.extract_job import ExtractionJob, VLLMServerSpe
 from eagle3_assets.hidden_states.parts import combine_reports, merge_parts, report_name
 from eagle3_assets.hidden_states.sglang_extract import load_report
 from eagle3_assets.launchers import Launch, forwarded_env
+from eagle3_assets.target.ref import TargetRef
 
 
 def vllm_server_spec(config, target, vllm, slurm, corpus, spec) -> VLLMServerSpec:
@@ -64,7 +65,7 @@ def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, ta
         return Launch(name, "eagle3_assets.hidden_states.sglang_extract", ["--config", str(job_path), *capture_args()],
                       procs=config.tp_size // tasks, exports=forwarded_env())
     job = ExtractionJob(
-        backend=config.backend, model_path=str(spec.model_dir), target=spec.identity, corpus=str(corpus),
+        backend=config.backend, target=TargetRef.of(spec), corpus=str(corpus),
         out_dir=str(out), layer_ids=config.layer_ids or None, device=target.device, model_dtype=target.dtype,
         dtype=config.dtype,
         shard_bytes=config.shard_bytes, batch_tokens=config.batch_tokens, retry_quarantined=config.retry_quarantined,

@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from eagle3_assets.hidden_states import layers as hidden_layers
 from eagle3_assets.hidden_states.extractors import Features, check_features, check_rows
+from eagle3_assets.target import layers as hidden_layers
+from eagle3_assets.target.config import read_config, text_config
 
 LOCK_SUFFIX = ".lock"
 
@@ -46,8 +47,7 @@ def read_final_norm(model_dir: Path | str):
     from safetensors import safe_open
 
     model_dir = Path(model_dir)
-    cfg = json.loads((model_dir / "config.json").read_text())
-    text = cfg.get("text_config") or cfg
+    text = text_config(read_config(model_dir))
     eps = text.get("rms_norm_eps")
     if eps is None:
         raise ValueError(f"{model_dir}/config.json has no rms_norm_eps: the vLLM backend normalizes the final "
@@ -143,8 +143,7 @@ class VLLMExtractor:
             raise ValueError("VLLMExtractor needs at least one base URL")
         self.base_urls = [u.rstrip("/") for u in urls]
         self.model_dir = Path(model_dir)
-        cfg = json.loads((self.model_dir / "config.json").read_text())
-        text = cfg.get("text_config") or cfg
+        text = text_config(read_config(self.model_dir))
         self.hidden_size = int(text["hidden_size"])
         self.num_layers = int(text["num_hidden_layers"])
         self.vocab_size = int(text["vocab_size"])

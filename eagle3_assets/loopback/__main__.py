@@ -60,7 +60,7 @@ def make_app(args):
         from eagle3_assets.paths import REPO_ROOT
         from eagle3_assets.target.catalog import BUILTIN_SETTINGS, resolve_model_dir
         from eagle3_assets.target.embedded import EmbeddedModel
-        from eagle3_assets.tokens.tokenizer import TargetTokenizer
+        from eagle3_assets.target.tokenizer import TargetTokenizer
 
         if args.threads:
             import torch

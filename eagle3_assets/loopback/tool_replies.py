@@ -87,7 +87,7 @@ class ToolCaller:
     """Writes the tool-call reply of one request; ``tok`` is the target's ``TargetTokenizer``."""
 
     def __init__(self, tok, malform: str | None = None):
-        from eagle3_assets.tokens.tool_calls import KimiFormat
+        from eagle3_assets.target.tool_calls import KimiFormat
 
         if malform is not None and malform not in MALFORMED:
             raise ValueError(f"malform must be one of {sorted(MALFORMED)}, got {malform!r}")

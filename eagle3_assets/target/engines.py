@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import re
 
+from eagle3_assets.target.config import text_config
+
 # The one SGLang release the project supports: `make sglang` installs it, a server or a capture refuses
 # any other (the capture calls ModelRunner's internals, which change between releases). The minimum
 # versions below are facts about older releases, kept to explain a refusal.
@@ -58,7 +60,7 @@ def parse_version(text: str) -> tuple[int, int, int]:
 
 def target_family(config: dict) -> str | None:
     """``"DeepSeek-V3-family (<model_type>)"`` for an MLA target (K2.5's wrapper included), else None."""
-    text = config.get("text_config") or config
+    text = text_config(config)
     kinds = {config.get("model_type"), text.get("model_type")}
     if text.get("kv_lora_rank") is not None or kinds & set(MLA_FAMILIES):
         return f"DeepSeek-V3-family ({text.get('model_type') or config.get('model_type')})"

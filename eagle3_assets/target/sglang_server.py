@@ -125,8 +125,6 @@ class SGLangServer(ServerProcess):
         if ships_code(self.model_dir):  # Kimi-K2.5's tokenizer and processor are remote code
             cmd.append("--trust-remote-code")
         if self.drafter_dir is not None:
-            from eagle3_assets.drafter.sglang_acceptance import eagle3_args
-
             cmd += eagle3_args(Path(self.drafter_dir).resolve(), self.speculative_steps, self.speculative_topk,
                                self.speculative_draft_tokens)
         return cmd + list(self.extra_args)
@@ -197,6 +195,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             pass
     return 0
+
+
+def eagle3_args(export_dir, k: int, topk: int = 1, draft_tokens: int = 0) -> list[str]:
+    """The flags that make an SGLang server speculate with the EAGLE-3 export in ``export_dir``:
+    ``k`` draft steps, by default a chain (top-k 1, ``k + 1`` tokens verified: the drafts and the
+    step's own token); with ``topk`` > 1 a tree of ``draft_tokens`` nodes (root included)."""
+    if topk > 1 and draft_tokens < 2:
+        raise ValueError(f"a draft tree (topk {topk}) needs draft_tokens, the nodes verified per step")
+    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(export_dir),
+            "--speculative-num-steps", str(k), "--speculative-eagle-topk", str(topk),
+            "--speculative-num-draft-tokens", str(draft_tokens if topk > 1 else k + 1)]
 
 
 if __name__ == "__main__":

@@ -258,7 +258,8 @@ class VLLMServer(ServerProcess):
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    from eagle3_assets.hidden_states.layers import resolve_layer_ids, to_speculators_ids
+    from eagle3_assets.target.config import read_config, text_config
+    from eagle3_assets.target.layers import resolve_layer_ids, to_speculators_ids
 
     p = argparse.ArgumentParser(prog="python -m eagle3_assets.target.vllm_server", description=__doc__.split("\n\n")[0])
     p.add_argument("role", choices=ROLES)
@@ -274,8 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = p.parse_known_args(argv)
     ids: list[int] = []
     if args.role == "extract":
-        cfg = json.loads((Path(args.model) / "config.json").read_text())
-        n = (cfg.get("text_config") or cfg)["num_hidden_layers"]
+        n = text_config(read_config(args.model))["num_hidden_layers"]
         ours = resolve_layer_ids(n, [int(x) for x in args.layer_ids.split(",")] if args.layer_ids else None)
         ids = [*to_speculators_ids(ours), n]  # + the last layer's output, normalized by the client
     server = VLLMServer(args.model, role=args.role, served_name=args.served_name, port=args.port, dtype=args.dtype,

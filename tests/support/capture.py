@@ -18,7 +18,7 @@ import torch
 def local_capture(job, group, layer_ids):
     from eagle3_assets.hidden_states.extractors import LocalExtractor
 
-    extractor = LocalExtractor(job.model_path, layer_ids=layer_ids)
+    extractor = LocalExtractor(job.target.model_dir, layer_ids=layer_ids)
     node = f".node{os.environ.get('SLURM_PROCID', 0)}" if getattr(job, "nodes", 1) > 1 else ""
     log = f"{job.out_dir}{node}.rank{group.rank}.jsonl"
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from eagle3_assets.target.config import read_config, text_config
+
 TRAIN_QUESTIONS = [f"What is {a}+{b}? Answer with a number only." for a, b in [(2, 3), (7, 5), (10, 4), (6, 9)]] + [
     "Name three colors.", "What is the capital of France?", "Say hello in Spanish.", "List two fruits.",
     "What is water made of?", "Name a large ocean.", "What color is the sky?", "Give me a synonym for happy.",
@@ -36,8 +38,8 @@ def answer_features(embedded, model_dir: Path, out_dir: Path, questions: list[st
     """The target's greedy answers to ``questions`` and their features, stored as the
     ``hidden_states`` asset stores them (a shard directory training streams from)."""
     from eagle3_assets.drafter.spec_decode import target_features
-    from eagle3_assets.hidden_states.layers import resolve_layer_ids
     from eagle3_assets.hidden_states.write import write_samples
+    from eagle3_assets.target.layers import resolve_layer_ids
 
     text = _text_config(model_dir)
     layer_ids = resolve_layer_ids(text["num_hidden_layers"], list(layer_ids) if layer_ids else None)
@@ -56,7 +58,7 @@ def train_on_features(features: Path, model_dir: Path, out_dir: Path, *, k: int 
                       lr: float = 3e-3, max_length: int = 64):
     """A drafter of ``attention`` kind trained by the project's trainer on a shard directory."""
     from eagle3_assets.drafter.model import DrafterConfig, build_drafter
-    from eagle3_assets.drafter.target_weights import read_target_config, read_target_embeddings, read_target_lm_head
+    from eagle3_assets.drafter.target_weights import read_target_embeddings, read_target_lm_head
     from eagle3_assets.drafter.training.config import TrainSettings
     from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset
     from eagle3_assets.drafter.training.loop import train
@@ -66,7 +68,7 @@ def train_on_features(features: Path, model_dir: Path, out_dir: Path, *, k: int 
     dataset = ShardDataset({Path(features): 1.0}, max_length=max_length)
     vmap = build_vocab_map(dataset.token_counts(_text_config(model_dir)["vocab_size"]), draft_vocab_size)
     teacher = Teacher(read_target_lm_head(model_dir).float(), vmap)
-    dcfg = DrafterConfig.from_target(read_target_config(model_dir), draft_vocab_size=draft_vocab_size,
+    dcfg = DrafterConfig.from_target(read_config(model_dir), draft_vocab_size=draft_vocab_size,
                                      intermediate_size=intermediate_size, attention=attention,
                                      aux_layer_ids=dataset.aux_layer_ids)
     model = build_drafter(dcfg, read_target_embeddings(model_dir), vmap, seed=0)
@@ -84,10 +86,7 @@ def export_vllm_float(model, model_dir: Path, out_dir: Path, *, k: int = 3, dtyp
 
 
 def _text_config(model_dir: Path) -> dict:
-    from eagle3_assets.drafter.target_weights import read_target_config
-
-    cfg = read_target_config(model_dir)
-    return cfg.get("text_config") or cfg  # a multimodal wrapper's language model (Kimi-K2.5)
+    return text_config(read_config(model_dir))
 
 
 def served_vs_project(api_url: str, embedded, export_dir: Path, prompts, *, k: int, max_new_tokens: int):

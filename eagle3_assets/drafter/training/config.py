@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from eagle3_assets.job_file import JobFile
+from eagle3_assets.target.ref import TargetRef
 
 
 class _Section(BaseModel):
@@ -203,7 +204,7 @@ class ExportSettings(_Section):
 class TrainJob(JobFile):
     """What ``python -m eagle3_assets.drafter.training --config job.json`` runs."""
 
-    target_dir: str  # the target's HF directory (config.json + safetensors)
+    target: TargetRef  # the target's HF directory (config.json + safetensors)
     out_dir: str
     datasets: dict[str, float]  # hidden-state shard directory -> mixing weight (train split)
     training: TrainSettings

@@ -20,7 +20,7 @@ from eagle3_assets.prompts.options import ColumnMap, ReadOptions
 from eagle3_assets.prompts.table import read_prompt_table
 from eagle3_assets.resources import DatasetSettings, OpenRouterResource, SGLangResource, TargetResource
 from eagle3_assets.target.embedded import EmbeddedModel
-from eagle3_assets.tokens.tokenizer import TargetTokenizer
+from eagle3_assets.target.tokenizer import TargetTokenizer
 from tests.conftest import write_jsonl
 from tests.support.dagster_helpers import checks_by_name, run_dataset, small_run_config
 

@@ -30,7 +30,7 @@ PROMPTS = small_drafter.HELD_OUT[:4]
 @pytest.fixture(scope="module")
 def kimi(kimi_mini_dir):
     from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     return EmbeddedModel(kimi_mini_dir, tokenizer=TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True))
 

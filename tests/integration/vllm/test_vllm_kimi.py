@@ -38,7 +38,7 @@ IM_END, THINK = 163586, 163606
 @pytest.fixture(scope="module")
 def kimi(kimi_mini_dir):
     from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     return EmbeddedModel(kimi_mini_dir, tokenizer=TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True))
 
@@ -153,9 +153,9 @@ def test_mla_drafter_acceptance_by_vllm_agrees_with_the_project(spec_server, mla
 def test_llama_style_drafter_on_the_mla_target_is_refused_with_the_engines_reason(kimi, kimi_mini_dir, tmp_path):
     from eagle3_assets.drafter.export import export_vllm
     from eagle3_assets.drafter.model import DrafterConfig, build_drafter
-    from eagle3_assets.drafter.target_weights import read_target_config
+    from eagle3_assets.target.config import read_config
 
-    cfg = DrafterConfig.from_target(read_target_config(kimi_mini_dir), draft_vocab_size=64)
+    cfg = DrafterConfig.from_target(read_config(kimi_mini_dir), draft_vocab_size=64)
     llama = export_vllm(build_drafter(cfg, torch.zeros(163840, 64)), tmp_path / "llama", dtype="float32")
     server = VLLMServer(kimi_mini_dir, role="speculate", drafter_dir=llama, workdir=tmp_path / "w")
     with pytest.raises(VLLMServerError, match=r"No common block size for 16 .*attention = \"mla\""):
@@ -171,11 +171,11 @@ def test_vllm_itself_still_refuses_a_llama_style_drafter_on_the_mla_target(kimi_
 
     from eagle3_assets.drafter.export import export_vllm
     from eagle3_assets.drafter.model import DrafterConfig, build_drafter
-    from eagle3_assets.drafter.target_weights import read_target_config
+    from eagle3_assets.target.config import read_config
     from eagle3_assets.target.engines import CPU_BLOCK_ERROR
     from eagle3_assets.target.vllm_server import free_port
 
-    cfg = DrafterConfig.from_target(read_target_config(kimi_mini_dir), draft_vocab_size=64)
+    cfg = DrafterConfig.from_target(read_config(kimi_mini_dir), draft_vocab_size=64)
     llama = export_vllm(build_drafter(cfg, torch.zeros(163840, 64)), tmp_path / "llama", dtype="float32")
     server = VLLMServer(kimi_mini_dir, role="speculate", drafter_dir=llama, workdir=tmp_path / "w", port=free_port())
     for sub in ("tmp", "hf", "cache", "vllm-cache", "vllm-config"):

@@ -53,7 +53,7 @@ print(json.dumps(out))
 
 
 def test_vllms_kimi_k2_parser_reads_the_stand_ins_tool_calls(kimi_mini_dir):
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     tok = TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True)
     msgs = [{"role": "user", "content": "Weather in Paris and Oslo?"}]
@@ -88,7 +88,7 @@ def ending_model(kimi_mini_dir, tmp_path_factory):
 
     from eagle3_assets.drafter.spec_decode import greedy_generate
     from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     model = EmbeddedModel(kimi_mini_dir, tokenizer=TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True))
     prompt = model.render_prompt([{"role": "user", "content": QUESTIONS[0]}], TOOLS)

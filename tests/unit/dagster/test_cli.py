@@ -39,7 +39,7 @@ def _trained_exports(layout, ids=(1, 14, 26)):
     import json
 
     from eagle3_assets.drafter.export import export_sglang, export_vllm
-    from eagle3_assets.hidden_states.layers import convention
+    from eagle3_assets.target.layers import convention
     from tests.unit.drafter.test_drafter_recipe_options import tiny_drafter
 
     out = layout.drafter_dir("demo")

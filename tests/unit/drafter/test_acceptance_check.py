@@ -8,7 +8,7 @@ import pytest
 from eagle3_assets.drafter.checks import acceptance_problems
 from eagle3_assets.drafter.trained_layers import export_layer_problems, layer_id_problems, trained_layers
 from eagle3_assets.drafter.training.config import EvalSettings
-from eagle3_assets.hidden_states.layers import convention
+from eagle3_assets.target.layers import convention
 
 
 def _eval(trained: float, untrained: float, settings: EvalSettings, greedy: bool = True) -> dict:

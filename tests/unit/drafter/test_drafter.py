@@ -21,7 +21,7 @@ from eagle3_assets.drafter.export import export_sglang, export_vllm, load_vllm
 from eagle3_assets.drafter.model import DrafterConfig, KVCache, build_drafter
 from eagle3_assets.drafter.recipes import RecipeError, list_recipes, load_recipe, parse_recipe
 from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate, target_features, untrained_baseline
-from eagle3_assets.drafter.target_weights import read_target_config, read_target_embeddings, read_target_lm_head
+from eagle3_assets.drafter.target_weights import read_target_embeddings, read_target_lm_head
 from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint
 from eagle3_assets.drafter.training.config import TrainSettings
 from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset, collate
@@ -37,6 +37,7 @@ from eagle3_assets.drafter.vocab_map import (
 )
 from eagle3_assets.hidden_states.write import write_samples
 from eagle3_assets.paths import BUNDLED, REPO_ROOT
+from eagle3_assets.target.config import read_config
 
 pytestmark = pytest.mark.model
 
@@ -83,7 +84,7 @@ def features(embedded, corpus):
 
 @pytest.fixture(scope="module")
 def target(model_dir):
-    return {"config": read_target_config(model_dir), "embed": read_target_embeddings(model_dir),
+    return {"config": read_config(model_dir), "embed": read_target_embeddings(model_dir),
             "head": read_target_lm_head(model_dir).float()}
 
 
@@ -320,9 +321,10 @@ def test_training_refuses_layers_the_shards_do_not_hold_and_bad_job_files(model_
     from eagle3_assets.drafter.training.__main__ import main
     from eagle3_assets.drafter.training.config import DraftShape, TrainJob
     from eagle3_assets.drafter.training.job import drafter_config
+    from eagle3_assets.target.ref import TargetRef
 
-    job = TrainJob(target_dir=str(model_dir), out_dir=str(tmp_path), datasets={"unused": 1.0}, training=small_cfg(),
-                   shape=DraftShape(draft_vocab_size=DRAFT_VOCAB, aux_layer_ids=[2, 14, 26]))
+    job = TrainJob(target=TargetRef(model_dir=str(model_dir)), out_dir=str(tmp_path), datasets={"unused": 1.0},
+                   training=small_cfg(), shape=DraftShape(draft_vocab_size=DRAFT_VOCAB, aux_layer_ids=[2, 14, 26]))
     with pytest.raises(ValueError, match=r"asks for aux layers \[2, 14, 26\] but the hidden states hold \[1, 14, 26\]"):
         drafter_config(job, dataset)
     default = job.model_copy(update={"shape": DraftShape(draft_vocab_size=DRAFT_VOCAB)})
@@ -365,11 +367,12 @@ def _pipes_env(tmp_path: Path) -> tuple[dict, Path]:
 
 def test_torchrun_two_processes_match_one_and_report_through_pipes(model_dir, shard_dir, tmp_path):
     from eagle3_assets.drafter.training.config import DraftShape, ExportSettings, RuntimeSettings, TrainJob
+    from eagle3_assets.target.ref import TargetRef
 
     jobs = {}
     for name in ("single", "ddp"):
         jobs[name] = TrainJob(
-            target_dir=str(model_dir), datasets={str(shard_dir): 1.0}, out_dir=str(tmp_path / name),
+            target=TargetRef(model_dir=str(model_dir)), datasets={str(shard_dir): 1.0}, out_dir=str(tmp_path / name),
             training=small_cfg(max_steps=3, warmup_steps=1), shape=DraftShape(draft_vocab_size=DRAFT_VOCAB,
                                                                                 intermediate_size=256),
             runtime=RuntimeSettings(threads=1, progress=False),

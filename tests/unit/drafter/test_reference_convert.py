@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
-from eagle3_assets.hidden_states import layers as hidden_layers
 from eagle3_assets.hidden_states.shards import ShardWriter
 from eagle3_assets.paths import REPO_ROOT
+from eagle3_assets.target import layers as hidden_layers
 
 AUX = [1, 3, 5]  # "output of layer k" ids of the 8-layer stand-in; speculators' ids are these + 1
 LENGTHS = [9, 14, 7, 12, 10]

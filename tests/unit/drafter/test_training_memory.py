@@ -206,9 +206,11 @@ def test_the_asset_plans_before_launching_and_refuses_what_cannot_fit():
     from eagle3_assets.drafter.recipes import parse_recipe
     from eagle3_assets.drafter.training.config import TrainJob
     from eagle3_assets.drafter.training.job import MemoryPlanError
+    from eagle3_assets.target.ref import TargetRef
 
     recipe = parse_recipe(Path(__file__).resolve().parents[3] / "docs" / "recipes" / "kimi-k2.5.toml")
-    job = TrainJob(target_dir="unused", out_dir="unused", datasets={}, training=recipe.training, shape=recipe.shape)
+    job = TrainJob(target=TargetRef(model_dir="unused"), out_dir="unused", datasets={}, training=recipe.training,
+                   shape=recipe.shape)
     target = {"text_config": {**KIMI_K25}}
     h100 = preflight_memory("kimi-k2.5", job, target, DrafterTrainingConfig(gpu_memory_gib=79.6, nproc_per_node=8))
     assert h100.fits() and h100.memory.micro_batch_tokens == 2 * 8192

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from eagle3_assets.hidden_states.assets import HiddenStatesConfig, hidden_states_result
 from eagle3_assets.hidden_states.extract import ExtractionReport
-from eagle3_assets.hidden_states.layers import convention
+from eagle3_assets.target.layers import convention
 
 
 def _result(tmp_path, report):

@@ -32,6 +32,7 @@ from eagle3_assets.hidden_states.sglang_extract import SGLangExtractionJob, main
 from eagle3_assets.hidden_states.tensor_parallel import init_tensor_parallel
 from eagle3_assets.paths import REPO_ROOT
 from eagle3_assets.target.identity import target_identity
+from eagle3_assets.target.ref import TargetRef
 from tests.unit.hidden_states.test_hidden_states import make_corpus
 
 # ---- the capture's pure parts -------------------------------------------------------------------
@@ -248,15 +249,13 @@ def test_rows_over_the_context_are_quarantined_and_batches_use_the_capture_pages
     assert ran == [[65, 65], [65, 64]] and report.quarantined_new == 1
     index = pl.read_parquet(tmp_path / "hs" / "index.parquet").filter(pl.col("quarantined"))
     assert index["sample_id"].to_list() == ["s04"] and "longer than the target's context (200)" in index["reason"][0]
-    job = SGLangExtractionJob(model_path="m", corpus=str(corpus), out_dir="o", target={}, num_layers=30,
-                              hidden_size=576, vocab_size=49152, max_length=200)
+    job = SGLangExtractionJob(target=TargetRef(model_dir="m"), corpus=str(corpus), out_dir="o", max_length=200)
     assert longest_row(job) == 65  # the pool is sized for what runs, not for the quarantined row
 
 
 def test_job_errors_name_the_file_and_field(tmp_path, capsys, monkeypatch):
     bad = tmp_path / "job.json"
-    bad.write_text(json.dumps({"model_path": "m", "corpus": "c", "out_dir": "o", "target": {}, "num_layers": 30,
-                               "hidden_size": 576, "vocab_size": 49152, "tp_size": 0}))
+    bad.write_text(json.dumps({"target": {"model_dir": "m"}, "corpus": "c", "out_dir": "o", "tp_size": 0}))
     assert main(["--config", str(bad)]) == 2
     assert f"{bad}: field 'tp_size'" in capsys.readouterr().err
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -270,9 +269,8 @@ pytest_model = pytest.mark.model
 
 
 def _job(model_dir, corpus, out, **kw) -> SGLangExtractionJob:
-    return SGLangExtractionJob(model_path=str(model_dir), corpus=str(corpus), out_dir=str(out),
-                               target=target_identity(model_dir), num_layers=30, hidden_size=576, vocab_size=49152,
-                               tp_size=2, batch_tokens=96, shard_bytes=300_000, **kw)
+    return SGLangExtractionJob(target=TargetRef(model_dir=str(model_dir), identity=target_identity(model_dir)),
+                               corpus=str(corpus), out_dir=str(out), tp_size=2, batch_tokens=96, shard_bytes=300_000, **kw)
 
 
 @pytest_model

@@ -218,3 +218,130 @@ def test_the_root_reader_check_names_an_injected_reader(tmp_path):
                                                          "def f():\n    return default_data_root()\n")
     (tmp_path / "eagle3_assets" / "paths.py").write_text("def default_data_root():\n    return 1\n")
     assert environment_root_readers(tmp_path) == {"eagle3_assets.resources.storage", "eagle3_assets.stage"}
+
+
+# The pipeline's layers, lowest first. A module may import its own package, an earlier stage and a lower
+# layer, never a later stage or a higher layer (docs/architecture.md, "The layers"). Each name is a
+# module or a package of eagle3_assets (the longest that matches a module decides); every module must
+# fall in one, so a new top-level module or package is classified when it is added. The floor is the
+# target (its definition, tokenizer, tool-call formats, layer ids) and the generic helpers; above it
+# what the stages run on: the engines, the launchers and the Dagster resources (configuration and
+# connections, the assets' parameters); the stages in pipeline order; on top what assembles and drives them.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("floor", ("eagle3_assets", "eagle3_assets.target", "eagle3_assets.checkout_packages", "eagle3_assets.errors",
+               "eagle3_assets.files", "eagle3_assets.job_file", "eagle3_assets.metadata", "eagle3_assets.partitions",
+               "eagle3_assets.paths", "eagle3_assets.plots", "eagle3_assets.processes", "eagle3_assets.querying",
+               "eagle3_assets.runs")),
+    ("engines, launchers and resources", ("eagle3_assets.engines", "eagle3_assets.launchers", "eagle3_assets.slurm",
+                                          "eagle3_assets.resources")),
+    ("prompts", ("eagle3_assets.prompts",)),
+    ("generation", ("eagle3_assets.generation",)),
+    ("tokens", ("eagle3_assets.tokens",)),
+    ("corpus", ("eagle3_assets.corpus",)),
+    ("hidden_states", ("eagle3_assets.hidden_states",)),
+    ("drafter", ("eagle3_assets.drafter",)),
+    ("top", ("eagle3_assets.definitions", "eagle3_assets.cli", "eagle3_assets.demo", "eagle3_assets.launch",
+             "eagle3_assets.graphql_client", "eagle3_assets.sensors", "eagle3_assets.loopback", "eagle3_assets.testing",
+             "benchmarks")),
+]
+# The backward imports still in the tree, each with its reason; the rule fails on any other, and on an
+# entry here that no longer exists. They go with the engines' registry (issue 42, "Engines"): a
+# resource then holds its settings and connections, and the stage asks the engine's role for the object.
+_BUILT_BY_RESOURCE = "the resource builds a stage's object (backend(), extractor()); the engine registry takes that over"
+LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("eagle3_assets.resources.openrouter", "eagle3_assets.generation.backends"): _BUILT_BY_RESOURCE,
+    ("eagle3_assets.resources.openrouter", "eagle3_assets.generation.http_config"): _BUILT_BY_RESOURCE,
+    ("eagle3_assets.resources.sglang", "eagle3_assets.generation.backends"): _BUILT_BY_RESOURCE,
+    ("eagle3_assets.resources.sglang", "eagle3_assets.generation.http_config"): _BUILT_BY_RESOURCE,
+    ("eagle3_assets.resources.vllm", "eagle3_assets.generation.http_config"): _BUILT_BY_RESOURCE,
+    ("eagle3_assets.resources.vllm", "eagle3_assets.generation.openai_ids"): _BUILT_BY_RESOURCE,
+    ("eagle3_assets.resources.vllm", "eagle3_assets.hidden_states.vllm_extractor"): _BUILT_BY_RESOURCE,
+    ("eagle3_assets.target.sglang_server", "eagle3_assets.testing.sglang_cpu"):
+        "SGLang's CPU support moves out of testing/ with its engine into eagle3_assets/engines/sglang/",
+}
+
+
+def layer_of(module: str) -> tuple[int, str] | None:
+    """(rank, the layer's name) of MODULE: the layer holding the longest name that is MODULE or a package above it."""
+    best: tuple[int, int, str] | None = None
+    for rank, (layer, names) in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > best[0]):
+                best = (len(name), rank, layer)
+    return None if best is None else (best[1], best[2])
+
+
+def backward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`importer -> imported (layer < layer)` for each import of a later stage or a higher layer."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        source = layer_of(module)
+        for target in sorted(targets):
+            to = layer_of(target)
+            if source and to and to[0] > source[0] and (module, target) not in LAYER_EXCEPTIONS:
+                found.append(f"{module} -> {target} ({source[1]} < {to[1]})")
+    return found
+
+
+def unclassified_modules(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(name for name in graph if layer_of(name) is None)
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between top-level modules and packages (eagle3_assets.X, benchmarks), without
+    the backward imports listed in LAYER_EXCEPTIONS (each closes a cycle until it goes)."""
+    def package(name: str) -> str:
+        parts = name.split(".")
+        return ".".join(parts[:2]) if parts[0] == "eagle3_assets" else parts[0]
+
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        edges = packages.setdefault(package(module), set())
+        edges |= {package(t) for t in targets
+                  if package(t) != package(module) and t != "eagle3_assets" and (module, t) not in LAYER_EXCEPTIONS}
+    return packages
+
+
+def test_every_module_is_in_a_layer():
+    assert not unclassified_modules(import_graph()), "add to LAYERS: " + ", ".join(unclassified_modules(import_graph()))
+
+
+def test_no_module_imports_a_later_stage_or_a_higher_layer():
+    found = backward_imports(import_graph())
+    assert not found, f"{len(found)} backward imports: " + "; ".join(found)
+
+
+def test_every_listed_exception_is_still_an_import():
+    graph = import_graph()
+    gone = [f"{a} -> {b}" for a, b in LAYER_EXCEPTIONS if b not in graph.get(a, ())]
+    assert not gone, "remove from LAYER_EXCEPTIONS, no longer imported: " + ", ".join(gone)
+
+
+def test_no_import_cycles_between_packages():
+    cycles = find_cycles(package_graph(import_graph()))
+    assert not cycles, "import cycles between packages: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_layer_rule_names_an_injected_backward_import(tmp_path):
+    """The checker itself: a floor module reaching up into a stage through a function-local relative
+    import, and a stage importing a later one, are both named; imports down and sideways are not."""
+    root = tmp_path / "eagle3_assets"
+    for package in ("target", "prompts", "tokens"):
+        (root / package).mkdir(parents=True)
+        (root / package / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "errors.py").write_text("class UserInputError(ValueError):\n    pass\n")
+    (root / "target" / "spec.py").write_text("from eagle3_assets.errors import UserInputError\n\n"
+                                              "def load():\n    from ..tokens import table\n    return table, UserInputError\n")
+    (root / "tokens" / "table.py").write_text("from eagle3_assets.target.spec import load\nfrom . import vocab\n")
+    (root / "tokens" / "vocab.py").write_text("")
+    (root / "prompts" / "build.py").write_text("import eagle3_assets.tokens.vocab\n")
+    for other in list(PACKAGES)[1:]:
+        (tmp_path / other).mkdir()
+    graph = import_graph(tmp_path)
+    assert backward_imports(graph) == [
+        "eagle3_assets.prompts.build -> eagle3_assets.tokens.vocab (prompts < tokens)",
+        "eagle3_assets.target.spec -> eagle3_assets.tokens.table (floor < tokens)",
+    ]
+    assert find_cycles(package_graph(graph)) == [["eagle3_assets.target", "eagle3_assets.tokens"]]
+    assert unclassified_modules(graph) == []

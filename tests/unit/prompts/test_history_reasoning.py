@@ -9,7 +9,7 @@ from eagle3_assets.generation.classify import MISSING_REASONING, classify
 from eagle3_assets.generation.http_report import HttpGenerationReport
 from eagle3_assets.prompts.problems import RowError
 from eagle3_assets.prompts.rows import parse_row
-from eagle3_assets.tokens.tokenizer import TargetTokenizer
+from eagle3_assets.target.tokenizer import TargetTokenizer
 from tests.support.kimi_tokenizer import build_kimi_test_tokenizer
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}

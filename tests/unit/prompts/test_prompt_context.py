@@ -51,7 +51,7 @@ def test_batched_lengths_equal_the_rendered_prompt(target_tokenizer):
 
 @pytest.mark.parametrize("thinking", [None, False])
 def test_batched_lengths_follow_kimis_template_and_thinking_switch(tmp_path_factory, thinking):
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
     from tests.support.kimi_tokenizer import build_kimi_test_tokenizer
 
     tok = TargetTokenizer.load(build_kimi_test_tokenizer(tmp_path_factory.mktemp("kimi") / "Kimi-Test"),

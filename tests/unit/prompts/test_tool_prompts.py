@@ -155,7 +155,7 @@ def test_broken_calls_in_the_one_pass_summary(tmp_path):
 def test_table_keeps_tools_and_counts_them(tmp_path, target_tokenizer):
     """Through the streaming build into the Parquet table and back; a target without tool support
     (SmolLM2) refuses the tool rows with one reason, or takes the declarations into its system turn."""
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
     from tests.support.kimi_tokenizer import build_kimi_test_tokenizer
 
     src = write_jsonl(tmp_path / "mixed.jsonl", [{"system": GLAIVE_SYSTEM, "chat": GLAIVE_CHAT}, GLAIVE_PLAIN])

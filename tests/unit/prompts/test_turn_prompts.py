@@ -99,7 +99,7 @@ def test_a_files_own_turn_like_id_is_its_own_conversation(tmp_path):
 @pytest.mark.model
 def test_turn_prompts_through_generation(layout, kimi_mini_dir):
     from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     dataset = "glaive_turns"
     write_jsonl(layout.prompt_source(dataset), [*GLAIVE, PARALLEL])

@@ -13,8 +13,9 @@ import torch
 from eagle3_assets.drafter.export import check_sglang_export, check_vllm_export, export_sglang, export_vllm
 from eagle3_assets.drafter.model import DrafterConfig, build_drafter
 from eagle3_assets.drafter.rope import export_rope_problems, rope_frequencies
-from eagle3_assets.hidden_states import layers as hidden_layers
-from eagle3_assets.tokens.tokenizer import TargetTokenizer, build_token_row
+from eagle3_assets.target import layers as hidden_layers
+from eagle3_assets.target.tokenizer import TargetTokenizer
+from eagle3_assets.tokens.rows import build_token_row
 from tests.support.kimi_tokenizer import build_kimi_test_tokenizer
 
 IM_END, EOS, THINK, THINK_END = 163586, 163585, 163606, 163607
@@ -288,7 +289,7 @@ def test_kimi_mini_thinking_rows_over_sglang_http_calibrate(kimi_mini_dir):
     from eagle3_assets.loopback import ModelGenerator, SGLangApp, serve_in_thread
     from eagle3_assets.resources import SGLangResource
     from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.tokens.tokenizer import token_agreement
+    from eagle3_assets.tokens.rows import token_agreement
 
     tok = TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True)
     with serve_in_thread(SGLangApp(ModelGenerator(EmbeddedModel(kimi_mini_dir, tokenizer=tok)))) as srv:

@@ -2,7 +2,7 @@
 every machine that built an older copy), and the rebuilt copy renders K2.5's published example."""
 
 from eagle3_assets.target.kimi_mini import builder_stamp, ensure_kimi_mini
-from eagle3_assets.tokens.tokenizer import TargetTokenizer
+from eagle3_assets.target.tokenizer import TargetTokenizer
 
 # Kimi-K2.5's tokenizer.apply_chat_template([{"role": "user", "content": "What is 1+1?"}]) as its
 # model card's guides print it: the default system turn, then the thinking generation prompt.

@@ -7,10 +7,10 @@ import polars as pl
 import pytest
 import torch
 
-from eagle3_assets.hidden_states import layers as hidden_layers
 from eagle3_assets.hidden_states.extract import extract_corpus
 from eagle3_assets.hidden_states.extractors import Features
 from eagle3_assets.resources import TargetResource
+from eagle3_assets.target import layers as hidden_layers
 from eagle3_assets.target.identity import TargetMismatchError, target_identity
 from eagle3_assets.target.spec import TargetSpec
 from tests.support.dagster_helpers import run_drafter
@@ -33,6 +33,26 @@ def test_identity_is_stable_and_tells_checkpoints_apart(model_dir, tmp_path):
     changed = target_identity(other)
     assert changed["id"] != a["id"] and changed["weights_sha256"] == a["weights_sha256"]
 
+
+
+def test_a_job_carries_the_target_as_one_reference_opened_once(model_dir, tmp_path):
+    """TargetRef survives the job file; opened, its sizes are config.json's (the language model's part
+    of a multimodal wrapper); a directory without a config is named."""
+    from eagle3_assets.target.ref import TargetRef
+
+    ref = TargetRef.of(TargetResource().spec())
+    again = TargetRef.model_validate_json(ref.model_dump_json())
+    assert again == ref and ref.identity == target_identity(model_dir) and ref.model_dir == str(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    opened = again.open()
+    assert (opened.num_layers, opened.hidden_size, opened.vocab_size) == (
+        config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (30, H, 49152)
+    wrapped = tmp_path / "wrapped"
+    wrapped.mkdir()
+    (wrapped / "config.json").write_text(json.dumps({"model_type": "wrapper", "text_config": {**config, "hidden_size": 64}}))
+    assert TargetRef(model_dir=str(wrapped)).open().hidden_size == 64
+    with pytest.raises(ValueError, match=f"target {tmp_path}: cannot read config.json"):
+        TargetRef(model_dir=str(tmp_path)).open()
 
 def test_the_resource_names_the_target_once(model_dir):
     spec = TargetResource().spec()

@@ -11,7 +11,8 @@ import json
 import pytest
 
 from eagle3_assets.target.kimi_mini.tool_declaration_ts import encode_tools_to_typescript_style
-from eagle3_assets.tokens.tokenizer import TargetTokenizer, build_token_row
+from eagle3_assets.target.tokenizer import TargetTokenizer
+from eagle3_assets.tokens.rows import build_token_row
 from tests.support.kimi_tokenizer import build_kimi_test_tokenizer
 
 IM_END, THINK_END = 163586, 163607

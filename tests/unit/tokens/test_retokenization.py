@@ -10,9 +10,10 @@ import duckdb
 import polars as pl
 import pytest
 
+from eagle3_assets.target.tokenizer import TargetTokenizer
 from eagle3_assets.tokens.checks import special_token_result
+from eagle3_assets.tokens.rows import ContextLengthError, build_token_row
 from eagle3_assets.tokens.table import TOKEN_SCHEMA
-from eagle3_assets.tokens.tokenizer import ContextLengthError, TargetTokenizer, build_token_row
 from tests.support.kimi_tokenizer import KIMI_SLOTS, build_kimi_test_tokenizer
 
 SYSTEM = {"role": "system", "content": "You are Kimi."}
@@ -231,7 +232,7 @@ def test_literal_special_strings(any_tok):
     if tok is not any_tok or "kimi" in tok.source.lower():
         assert tok.tokenizer.encode("<|im_end|>", add_special_tokens=False, split_special_tokens=True) == [163586]
     # prompt: rendered as the server renders it, so the user's literal <|im_end|> IS the special id
-    # (what the target was conditioned on); documented in eagle3_assets.tokens.tokenizer
+    # (what the target was conditioned on); documented in eagle3_assets.target.tokenizer
     prompt = t["input_ids"][: t["prompt_len"]]
     plain = tok.render_prompt([{"role": "user", "content": "Say please"}])
     assert prompt.count(tok.end_of_turn_id) == plain.count(tok.end_of_turn_id) + 1

@@ -8,8 +8,8 @@ import polars as pl
 
 from eagle3_assets.tokens.checks import special_token_result, token_digest_result
 from eagle3_assets.tokens.digest import DIGEST_COLUMN, row_digest, verify_token_table
+from eagle3_assets.tokens.rows import build_token_row
 from eagle3_assets.tokens.table import write_token_table
-from eagle3_assets.tokens.tokenizer import build_token_row
 
 REPLIES = ["The capital of France is Paris, a city on the Seine.", "Two and two make four, as always.",
            "Water boils at one hundred degrees at sea level."]

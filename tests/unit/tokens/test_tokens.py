@@ -1,6 +1,7 @@
 import pytest
 
-from eagle3_assets.tokens.tokenizer import SpecialTokenError, build_token_row, lookup_token_id, token_agreement
+from eagle3_assets.target.tokenizer import SpecialTokenError, lookup_token_id
+from eagle3_assets.tokens.rows import build_token_row, token_agreement
 
 
 def test_token_agreement_is_alignment_based():

@@ -6,8 +6,8 @@ with the results that answer them."""
 import pytest
 
 from eagle3_assets.prompts.rows import parse_row
-from eagle3_assets.tokens.tokenizer import TargetTokenizer
-from eagle3_assets.tokens.tool_calls import KimiFormat, kimi_call_id, kimi_history_ids
+from eagle3_assets.target.tokenizer import TargetTokenizer
+from eagle3_assets.target.tool_calls import KimiFormat, kimi_call_id, kimi_history_ids
 from tests.support.kimi_tokenizer import build_kimi_test_tokenizer
 
 SB, SE, CB, AB, CE = 163595, 163596, 163597, 163598, 163599

@@ -53,7 +53,7 @@ def mla_rope_fields(cfg: DrafterConfig) -> dict:
 
 
 def mla_config(cfg: DrafterConfig, *, dtype: str, engine: str) -> dict:
-    from eagle3_assets.hidden_states.layers import to_speculators_ids
+    from eagle3_assets.target.layers import to_speculators_ids
 
     ids = list(cfg.aux_layer_ids) if engine == "sglang" else to_speculators_ids(cfg.aux_layer_ids)
     out = {
@@ -123,7 +123,7 @@ def check_mla_export(export_dir: Path, engine: str) -> list[str]:
     """What vLLM's or SGLang's DeepSeek EAGLE-3 loader would refuse or read differently (empty: none)."""
     from safetensors import safe_open
 
-    from eagle3_assets.hidden_states.layers import sglang_shift_problem, vllm_shift_problem
+    from eagle3_assets.target.layers import sglang_shift_problem, vllm_shift_problem
 
     export_dir = Path(export_dir)
     cfg_path, weights_path = export_dir / "config.json", export_dir / "model.safetensors"

@@ -1,28 +1,23 @@
-"""Tool-call replies as token ids: the template's own rendering of the assistant message.
+"""The tool-call formats: OpenAI's call shape, whether a template renders tools, Kimi-K2's section and ids.
 
-A reply that calls tools is made of ids no text encoding reproduces on its own (Kimi: the
-``<|tool_calls_section_begin|>`` ... markers around ``functions.<name>:<index>`` ids and the
-arguments). So its training sequence, when the backend returned only text and structured
-``tool_calls`` (OpenRouter), is what the target's chat template makes of that assistant message:
-the conversation rendered with the reply minus the conversation rendered with the generation
-prompt. Rows with native ids keep them; their calls are read back (the server's parser for vLLM,
-the ids themselves for SGLang and local rows) and re-rendered the same way, so the agreement of
-this reconstruction is measured where it can be.
+Every stage reads calls in these shapes (prompts rewrite history ids, generation normalizes a
+reply's calls, tokens parse and rebuild them); the rebuilding of a reply by the template is the
+tokens stage's (:mod:`eagle3_assets.tokens.tool_replies`).
 
 Where the format is known (Kimi), calls are also parsed from ids, and every provider call id is
 rebuilt as ``functions.<name>:<index>``, ``index`` counting the conversation's calls, since that is
-what the model writes (:func:`kimi_call_id`, one rule): in replies here, in the history's calls and
+what the model writes (:func:`kimi_call_id`, one rule): in replies, in the history's calls and
 the results that answer them by :func:`kimi_history_ids` (the prompt table is written with them).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from eagle3_assets.generation.tool_calls import reply_calls
-from eagle3_assets.tokens.vocab import SpecialTokenError, lookup_token_id
+from eagle3_assets.target.vocab import SpecialTokenError, lookup_token_id
 
 KIMI_MARKERS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
                 "<|tool_call_argument_begin|>", "<|tool_call_end|>")
@@ -30,6 +25,20 @@ KIMI_ID = re.compile(r"^functions\.(?P<name>.+):(?P<index>\d+)$")
 VLLM_ID = re.compile(r"^.+:\d+$")  # the header vLLM's kimi_k2 parser takes for a call (``_TOOL_ID_RE``)
 PROBE_TOOL = {"type": "function", "function": {"name": "zq_probe_tool", "description": "probe",
                                                "parameters": {"type": "object", "properties": {}}}}
+
+
+def reply_calls(raw) -> list[dict] | None:
+    """An OpenAI ``message.tool_calls`` list normalized (None when there is none)."""
+    if not raw:
+        return None
+    out = []
+    for c in raw:
+        fn = (c or {}).get("function") or {}
+        args = fn.get("arguments")
+        out.append({"id": c.get("id") or "", "type": "function",
+                    "function": {"name": fn.get("name") or "",
+                                 "arguments": args if isinstance(args, str) else json.dumps(args or {}, ensure_ascii=False)}})
+    return out
 
 
 def template_renders_tools(tokenizer, template_kwargs: dict | None = None) -> bool:
@@ -160,59 +169,3 @@ def kimi_history_ids(messages: list[dict]) -> tuple[list[dict], int]:
             m = {**m, "tool_call_id": waiting[tid].popleft() if waiting[tid] else last[tid]}
         out.append(m)
     return out, changed
-
-
-@dataclass
-class ToolReply:
-    """A tool-call reply rebuilt by the template: its ids, the calls and how it was made."""
-
-    ids: list[int]
-    calls: list[dict]
-    notes: list[str] = field(default_factory=list)
-
-
-def render_reply(tok, messages: list[dict], tools: list[dict] | None, reply: dict,
-                 prompt_ids: list[int]) -> list[int] | None:
-    """The ids the template writes for ``reply`` after the conversation (None when the rendering
-    with the reply does not start with the rendered prompt: a template that is not append-only)."""
-    kwargs = {"tools": tools} if tools else {}
-    full = tok.tokenizer.apply_chat_template([*messages, reply], tokenize=True, add_generation_prompt=False,
-                                             return_dict=True, **kwargs, **tok.template_kwargs())["input_ids"]
-    full = list(full)
-    if full[:len(prompt_ids)] != list(prompt_ids):
-        return None
-    return full[len(prompt_ids):]
-
-
-def tool_call_reply(tok, row: dict, messages: list[dict] | None, tools: list[dict] | None,
-                    prompt_ids: list[int]) -> ToolReply | None:
-    """The template's rendering of a row's tool-call reply, or None when the row calls no tool
-    (or its calls cannot be rendered: no prompt messages, a template that is not append-only)."""
-    kimi = KimiFormat.of(tok)
-    native = row.get("output_ids")
-    calls, notes = reply_calls(row.get("tool_calls")), []
-    text, reasoning = row.get("text") or "", row.get("reasoning")
-    if native is not None and kimi is not None:
-        head, parsed, leftovers = kimi.split_counted(tok, list(native))
-        if leftovers:
-            notes.append(f"{leftovers} id(s) in the tool-call section outside any call, ignored")
-        if parsed is not None:  # the text and reasoning are read from the ids too: exact
-            notes.append("tool calls from the server's parser" if calls else "tool calls read from the ids")
-            calls, text, reasoning = calls or parsed, tok.decode(head), None
-    if not calls or messages is None:
-        return None
-    if kimi is not None:
-        before = sum(len(m.get("tool_calls") or ()) for m in messages)
-        calls, changed = kimi.kimi_ids(calls, before)
-        if changed:
-            notes.append("tool-call ids rebuilt as functions.<name>:<index>")
-    reasoning, text, _ = tok.split_thinking({**row, "text": text, "reasoning": reasoning}, prompt_ids)
-    reply = {"role": "assistant", "content": text or "", "tool_calls": calls}
-    if reasoning:
-        reply["reasoning_content"] = reasoning
-    ids = render_reply(tok, messages, tools, reply, prompt_ids)
-    if ids is None:
-        return None
-    if (row.get("finish_reason") or "") != "stop" and ids and ids[-1] == tok.end_of_turn_id:
-        ids = ids[:-1]  # the template closes the turn; a reply cut short never did
-    return ToolReply(ids, calls, notes + [f"template rendering of {len(calls)} tool call(s)"])

@@ -18,6 +18,8 @@ not available there; the final state EAGLE-3 stores is that post-norm one, the l
 
 from __future__ import annotations
 
+from eagle3_assets.target.config import text_config
+
 N_AUX = 3
 CONVENTION_NAME = "output_of_layer"
 
@@ -26,7 +28,7 @@ def num_layers(config) -> int:
     """Decoder layer count of an HF config (or a plain int), text config first for VLMs."""
     if isinstance(config, int):
         return config
-    text = getattr(config, "text_config", None) or config
+    text = text_config(config)
     n = getattr(text, "num_hidden_layers", None)
     if n is None:
         raise ValueError(f"{type(config).__name__} has no num_hidden_layers")
