@@ -82,7 +82,7 @@ def test_vllm_job_server_gets_the_resolved_dtype(tmp_path, model_dir, monkeypatc
             seen.update(kw)
             raise RuntimeError("recorded")
 
-    monkeypatch.setattr("eagle3_assets.target.vllm_server.VLLMServer", Recorder)
+    monkeypatch.setattr("eagle3_assets.engines.vllm.server.VLLMServer", Recorder)
     with pytest.raises(RuntimeError, match="recorded"):
         extract_job.build_extractor(job, None)
     assert seen["dtype"] == "float32" and seen["enforce_eager"] is True  # this node: no GPU
@@ -101,7 +101,7 @@ def test_sglang_job_carries_the_targets_dtype(tmp_path, model_dir, monkeypatch, 
         def __init__(self, *args, **kw):
             seen.update(kw)
 
-    monkeypatch.setattr("eagle3_assets.hidden_states.sglang_capture.SGLangCapture", Recorder)
+    monkeypatch.setattr("eagle3_assets.engines.sglang.capture.SGLangCapture", Recorder)
     for dtype, want in (("bfloat16", "bfloat16"), ("auto", "float32")):
         path = write_sglang_job(HiddenStatesConfig(backend="sglang"), spec, corpus, tmp_path / "hs", model_dtype=dtype)
         job = sglang_extract.SGLangExtractionJob.model_validate(json.loads(path.read_text()))

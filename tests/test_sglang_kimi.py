@@ -18,7 +18,7 @@ import json
 
 import pytest
 
-from eagle3_assets.target.sglang_server import SGLangServer
+from eagle3_assets.engines.sglang.server import SGLangServer
 from eagle3_assets.testing import small_drafter
 from tests.test_sglang_serving import MAX_NEW, K, assert_same_acceptance, served_vs_project
 

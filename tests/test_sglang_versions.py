@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from eagle3_assets.target import engines
-from eagle3_assets.target.engines import SGLANG_VERSION, EngineVersionError, mla_draft_problem
-from eagle3_assets.target.sglang_server import SGLangServer, serving_problem
+from eagle3_assets.engines import versions as engines
+from eagle3_assets.engines.sglang.server import SGLangServer, serving_problem
+from eagle3_assets.engines.versions import SGLANG_VERSION, EngineVersionError, mla_draft_problem
 
 MLA_TARGET = {"model_type": "kimi_k25", "text_config": {"model_type": "kimi_k2", "kv_lora_rank": 512}}
 

@@ -69,7 +69,7 @@ def longest_row(job: SGLangExtractionJob) -> int:
 
 def sglang_capture(job: SGLangExtractionJob, group: Group, layer_ids: list[int]):
     """The real capture: this rank's SGLang model, its KV pool sized from the longest row."""
-    from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
+    from eagle3_assets.engines.sglang.capture import SGLangCapture
     from eagle3_assets.target.precision import resolve_dtype
 
     return SGLangCapture(job.model_path, layer_ids=layer_ids, tp_rank=group.rank, tp_size=group.world_size,
@@ -93,7 +93,7 @@ def run_extraction(job: SGLangExtractionJob, capture_factory=sglang_capture, *, 
         follow(capture, group)
         return None
     if backend is None:
-        from eagle3_assets.hidden_states.sglang_capture import SGLANG_VERSION
+        from eagle3_assets.engines.sglang.capture import SGLANG_VERSION
 
         backend = f"sglang-{SGLANG_VERSION}"
     leader = LeaderExtractor(capture, group, hidden_size=job.hidden_size, vocab_size=job.vocab_size,

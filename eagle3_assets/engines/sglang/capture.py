@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from eagle3_assets.target.engines import SGLANG_VERSION  # noqa: F401  (recorded in manifests)
+from eagle3_assets.engines.versions import SGLANG_VERSION  # noqa: F401  (recorded in manifests)
 
 # Server settings a capture cannot work without; a user's server_args may not change them.
 REQUIRED_SERVER_ARGS = {
@@ -197,7 +197,7 @@ class SGLangCapture:
         from sglang.srt.runtime_context import SpawnRanks, get_device, publish
         from sglang.srt.server_args import ServerArgs
 
-        from eagle3_assets.target.engines import check_version, require_supported_sglang
+        from eagle3_assets.engines.versions import check_version, require_supported_sglang
 
         require_supported_sglang(sglang.__version__, "the capture's environment")
 
