@@ -14,7 +14,8 @@ import polars as pl
 import pytest
 
 from eagle3_assets.engines.sglang.server import SGLangServer, check_supported, installed_version
-from eagle3_assets.engines.versions import SGLANG_VERSION, EngineVersionError
+from eagle3_assets.engines.sglang.versions import SGLANG_VERSION
+from eagle3_assets.engines.versions import EngineVersionError
 from eagle3_assets.generation.response_store import ResponseStore
 from eagle3_assets.resources import SGLangResource
 from tests.conftest import small_prompts, write_jsonl

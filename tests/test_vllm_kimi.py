@@ -172,8 +172,8 @@ def test_vllm_itself_still_refuses_a_llama_style_drafter_on_the_mla_target(kimi_
     from eagle3_assets.drafter.export import export_vllm
     from eagle3_assets.drafter.model import DrafterConfig, build_drafter
     from eagle3_assets.drafter.target_weights import read_target_config
-    from eagle3_assets.engines.versions import CPU_BLOCK_ERROR
     from eagle3_assets.engines.vllm.server import free_port
+    from eagle3_assets.engines.vllm.versions import CPU_BLOCK_ERROR
 
     cfg = DrafterConfig.from_target(read_target_config(kimi_mini_dir), draft_vocab_size=64)
     llama = export_vllm(build_drafter(cfg, torch.zeros(163840, 64)), tmp_path / "llama", dtype="float32")

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3_assets.engines.process import ServerProcess, free_port
-from eagle3_assets.engines.versions import EngineVersionError, require_supported_sglang
+from eagle3_assets.engines.sglang.versions import require_supported_sglang
+from eagle3_assets.engines.versions import EngineVersionError
 from eagle3_assets.engines.vllm.server import PACKAGE_PARENT, ships_code
 
 
@@ -57,7 +58,7 @@ def check_supported(python: str) -> str:
 
 def serving_problem(version: str, model_dir: Path | str, drafter_dir: Path | str | None = None) -> str | None:
     """Why this SGLang cannot serve the target (and drafter export) before a server starts: a version
-    too old for the target's family or for an MLA drafter (engines.REQUIREMENTS), or a pairing it
+    too old for the target's family or for an MLA drafter (REQUIREMENTS in engines/sglang/versions.py), or a pairing it
     cannot serve."""
     import json
 
