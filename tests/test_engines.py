@@ -52,18 +52,19 @@ def test_no_stage_names_an_engine_where_it_chooses_one():
 class EchoGenerate:
     """Generation through a loopback server speaking SGLang's API, under the engine name ``echo``."""
 
-    in_process, exact_ids, gpu = False, True, False
+    in_process, exact_ids, gpu, resources = False, True, False, ()
     url = ""
     calls: list = []
 
     def http(self, resources, spec, tokenizer, concurrency):
         from eagle3_assets.generation.backends import SGLangBackend
+        from eagle3_assets.generation.http_config import ClientConfig
 
         tok = tokenizer()
         self.calls.append(spec.name)
         backend = SGLangBackend([self.url], tok.render_prompt)
         backend.source = "echo"  # the rows name the engine that wrote them
-        return HttpGeneration(backend, resources.sglang.client_config(), concurrency or 4)
+        return HttpGeneration(backend, ClientConfig(), concurrency or 4)
 
 
 H = 8
@@ -92,7 +93,7 @@ def expected_states(ids):
 
 
 class EchoExtract:
-    in_step, tensor_parallel = True, False
+    in_step, tensor_parallel, resources = True, False, ()
     calls: list = []
 
     def step_extractor(self, spec, *, layer_ids, resources):

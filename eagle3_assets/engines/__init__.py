@@ -4,7 +4,8 @@
 the ``module:attr`` of the object that keeps the role's protocol (:mod:`eagle3_assets.engines.roles`),
 resolved on first use, so importing the registry imports no engine. A stage asks ``engine_role``
 for the role of the engine its config names, and its Dagster config takes ``engine_names(role)`` as
-a typed choice, so a wrong name is refused by the config schema with the list of valid ones.
+a typed choice, so a wrong name is refused by the config schema with the list of valid ones; the
+stage requires the resources ``engine_resources(role)`` lists and hands them to the role.
 
 Each engine package holds its server process, its version rule and its CPU support where it has
 them (``sglang/``: ``server.py``, ``capture.py``, ``acceptance.py``, ``cpu/``; ``vllm/``:
@@ -36,6 +37,12 @@ def engine_names(role: str) -> tuple[str, ...]:
     if not names:
         raise ValueError(f"unknown role {role!r}; the registry has {sorted({r for r, _ in ROLES})}")
     return names
+
+
+def engine_resources(role: str) -> tuple[str, ...]:
+    """The Dagster resources the engines serving ``role`` read (each role object's ``resources``): the
+    stage requires them all, so an engine's own resource reaches its role without the stage naming it."""
+    return tuple(sorted({key for name in engine_names(role) for key in engine_role(role, name).resources}))
 
 
 def engine_role(role: str, name: str):

@@ -95,6 +95,7 @@ class Extract(Protocol):
 
     in_step: bool
     tensor_parallel: bool
+    resources: tuple[str, ...]  # the Dagster resources it reads (the stage requires them and hands them over)
 
     def step_extractor(self, spec, *, layer_ids: list[int] | None, resources: Any) -> Extractor: ...
 
@@ -127,6 +128,7 @@ class Generate(Protocol):
     in_process: bool
     exact_ids: bool
     gpu: bool
+    resources: tuple[str, ...]  # the Dagster resources it reads (the stage requires them and hands them over)
 
     def http(self, resources: Any, spec, tokenizer: Callable[[], Any], concurrency: int) -> HttpGeneration | None: ...
 

@@ -17,12 +17,11 @@ import sys
 import time
 import warnings
 from contextlib import nullcontext
-from types import SimpleNamespace
 from typing import Literal
 
 import dagster as dg
 
-from eagle3_assets.engines import engine_names, engine_role
+from eagle3_assets.engines import engine_names, engine_resources, engine_role
 from eagle3_assets.errors import UserInputError
 from eagle3_assets.generation.admission import POLICIES, AdmissionPolicy
 from eagle3_assets.generation.dataset_run import PreparedDataset, missing_line, prepare_dataset, summarize
@@ -31,14 +30,6 @@ from eagle3_assets.generation.tool_calls import TOOLS_SENT, TOOLS_UNUSED, unused
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.assets import prompts
-from eagle3_assets.resources import (
-    DatasetSettings,
-    OpenRouterResource,
-    SGLangResource,
-    StorageResource,
-    TargetResource,
-    VLLMResource,
-)
 from eagle3_assets.runs import pool_slot
 
 BACKENDS = engine_names("generate")  # the engines serving generate: the config's typed choice is built from it
@@ -133,26 +124,20 @@ def _metadata(s: dict, store_dir) -> dict:
     backfill_policy=dg.BackfillPolicy.single_run(),
     description="Responses of the target model, resumable by sample id across sources, within the token budget. "
                 "A backfill serves every selected dataset in one step (one in-flight gate for HTTP backends).",
+    # storage, target, dataset_settings and every resource an engine serving generate reads (an engine's
+    # own settings reach its role without this stage naming them)
+    required_resource_keys={"storage", "target", "dataset_settings", *engine_resources("generate")},
 )
-def raw_responses(
-    context: dg.AssetExecutionContext,
-    config: GenerationConfig,
-    storage: StorageResource,
-    target: TargetResource,
-    sglang: SGLangResource,
-    openrouter: OpenRouterResource,
-    vllm: VLLMResource,
-    dataset_settings: DatasetSettings,
-) -> dg.MaterializeResult:
+def raw_responses(context: dg.AssetExecutionContext, config: GenerationConfig) -> dg.MaterializeResult:
     _validate(config)
+    storage, target, dataset_settings = context.resources.storage, context.resources.target, context.resources.dataset_settings
     datasets = list(context.partition_keys)
     layout = storage.layout
     spec = target.spec()
     sampling = SamplingSettings(target=spec.name, temperature=config.temperature, top_p=config.top_p,
                                 seed=config.seed, samples_per_prompt=config.samples_per_prompt)
     engine = engine_role("generate", config.backend)
-    resources = SimpleNamespace(target=target, sglang=sglang, openrouter=openrouter, vllm=vllm)
-    http = None if engine.in_process else engine.http(resources, spec, target.load_tokenizer, config.concurrency)
+    http = None if engine.in_process else engine.http(context.resources, spec, target.load_tokenizer, config.concurrency)
     backend = http.backend if http is not None else None
     preps = []
     for ds in datasets:

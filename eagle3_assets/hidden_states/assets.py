@@ -10,11 +10,11 @@ from typing import Literal
 import dagster as dg
 
 from eagle3_assets.corpus.assets import merged_corpus
-from eagle3_assets.engines import engine_names, engine_role
+from eagle3_assets.engines import engine_names, engine_resources, engine_role
 from eagle3_assets.launchers import LauncherName, open_launcher
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
-from eagle3_assets.resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource, VLLMResource
+from eagle3_assets.resources import SlurmJobConfig, TargetResource
 
 EXTRACTION_BACKENDS = engine_names("extract")  # the engines serving the extract role: the config's `backend` choices
 ExtractionBackend = Literal[EXTRACTION_BACKENDS]
@@ -36,11 +36,11 @@ class HiddenStatesConfig(dg.Config):
     vllm_server_args: list[str] = []  # vllm on SLURM: further arguments of the server the job starts
 
 
-def build_extractor(config: HiddenStatesConfig, target: TargetResource, vllm: VLLMResource | None = None):
-    """The configured engine's extractor in this step (its extract role), reading the one target definition."""
-    resources = SimpleNamespace(target=target, vllm=vllm or VLLMResource())
-    return engine_role("extract", config.backend).step_extractor(target.spec(), layer_ids=config.layer_ids or None,
-                                                                 resources=resources)
+def build_extractor(config: HiddenStatesConfig, target: TargetResource, resources=None):
+    """The configured engine's extractor in this step (its extract role), reading the one target
+    definition; ``resources``: the step's (those the engine's role reads), or the target alone."""
+    return engine_role("extract", config.backend).step_extractor(
+        target.spec(), layer_ids=config.layer_ids or None, resources=resources or SimpleNamespace(target=target))
 
 
 @dg.asset(
@@ -50,23 +50,25 @@ def build_extractor(config: HiddenStatesConfig, target: TargetResource, vllm: VL
     kinds={"safetensors", "torch"},
     pool="gpu",
     description="Auxiliary + final hidden states per token in sharded safetensors, with index and manifest.",
+    # slurm: the launcher's cluster; and every resource an engine serving extract reads
+    required_resource_keys={"storage", "target", "slurm", *engine_resources("extract")},
 )
-def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig, storage: StorageResource,
-                  target: TargetResource, vllm: VLLMResource, slurm: SlurmResource) -> dg.MaterializeResult:
+def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig) -> dg.MaterializeResult:
     from tqdm import tqdm
 
     from eagle3_assets.hidden_states.extract import extract_corpus
 
     dataset = context.partition_key
-    layout = storage.layout
+    target = context.resources.target
+    layout = context.resources.storage.layout
     out = layout.hidden_states_dir(dataset)
     launcher = open_launcher(config.launcher, context, config, layout)
     if not (launcher.here and engine_role("extract", config.backend).in_step):
         from eagle3_assets.hidden_states.launch import launch_extraction
 
-        report, job_meta = launch_extraction(context, config, target, vllm, slurm, launcher, layout, dataset)
+        report, job_meta = launch_extraction(context, config, target, context.resources, launcher, layout, dataset)
         return hidden_states_result(context, config, out, report, job_meta)
-    extractor = build_extractor(config, target, vllm)
+    extractor = build_extractor(config, target, context.resources)
     bar = tqdm(desc=f"hidden states {dataset}", unit="tok", unit_scale=True, file=sys.stderr)
     last_log = [time.monotonic()]
 

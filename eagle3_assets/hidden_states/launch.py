@@ -19,8 +19,6 @@ step instead (``hidden_states/assets.py``).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from eagle3_assets.engines import engine_role
 from eagle3_assets.hidden_states.extract import ExtractionReport
 from eagle3_assets.hidden_states.extract_job import ExtractionJob
@@ -29,8 +27,9 @@ from eagle3_assets.hidden_states.sglang_extract import load_report
 from eagle3_assets.launchers import Launch, forwarded_env
 
 
-def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, tasks: int, nodes: int = 1) -> Launch:
-    """The job file for ``tasks`` tasks on ``nodes`` nodes, and the launch that runs it."""
+def extraction_launch(config, target, resources, corpus, out, dataset: str, tasks: int, nodes: int = 1) -> Launch:
+    """The job file for ``tasks`` tasks on ``nodes`` nodes, and the launch that runs it; ``resources``:
+    the step's, those the engine's extract role reads for the job file (vLLM's: ``vllm``, ``slurm``)."""
     spec = target.spec()
     name = f"eagle3-hidden_states-{dataset}"
     role = engine_role("extract", config.backend)
@@ -56,7 +55,7 @@ def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, ta
         dtype=config.dtype,
         shard_bytes=config.shard_bytes, batch_tokens=config.batch_tokens, retry_quarantined=config.retry_quarantined,
         threads=target.threads, nodes=tasks,
-        **role.job_settings(config, target, SimpleNamespace(target=target, vllm=vllm, slurm=slurm), corpus, spec),
+        **role.job_settings(config, target, resources, corpus, spec),
     )
     out.mkdir(parents=True, exist_ok=True)
     job_path = out.parent / f".{out.name}.extract-job.json"
@@ -65,7 +64,7 @@ def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, ta
                   exports=forwarded_env(), per_node=tasks > 1)
 
 
-def launch_extraction(context, config, target, vllm, slurm, launcher, layout, dataset: str) -> tuple[ExtractionReport, dict]:
+def launch_extraction(context, config, target, resources, launcher, layout, dataset: str) -> tuple[ExtractionReport, dict]:
     """Run the dataset's extraction as one launch; rank 0's report (the nodes' reports combined when
     every node had its share) and the launch's metadata."""
     out = layout.hidden_states_dir(dataset)
@@ -73,7 +72,7 @@ def launch_extraction(context, config, target, vllm, slurm, launcher, layout, da
         raise FileNotFoundError(f"no corpus for dataset {dataset!r} at {layout.corpus(dataset)}: "
                                 f"materialize merged_corpus[{dataset}] first")
     tasks = launcher.tasks
-    launch = extraction_launch(config, target, vllm, slurm, layout.corpus(dataset), out, dataset, tasks, launcher.nodes)
+    launch = extraction_launch(config, target, resources, layout.corpus(dataset), out, dataset, tasks, launcher.nodes)
     if not launcher.running(launch.name):  # what nodes of an earlier job finished, kept before it starts
         merge_parts(out)
     invocation = launcher.run(context, launch)

@@ -9,6 +9,7 @@ class LocalGenerate:
     in_process = True
     exact_ids = True
     gpu = True
+    resources = ()
 
     def http(self, resources, spec, tokenizer, concurrency: int):
         return None  # nothing to reach over HTTP: the stage runs the model it loads
@@ -19,6 +20,7 @@ class LocalExtract:
 
     in_step = True
     tensor_parallel = False
+    resources = ()  # the target, which the stage has
 
     def step_extractor(self, spec, *, layer_ids, resources):
         from eagle3_assets.engines.local.extractor import LocalExtractor

@@ -11,6 +11,7 @@ class OpenRouterGenerate:
     in_process = False
     exact_ids = False
     gpu = False
+    resources = ("openrouter",)
 
     def http(self, resources, spec, tokenizer, concurrency: int) -> HttpGeneration:
         r = resources.openrouter  # the model asked for is the target's served name (its OpenRouter slug)

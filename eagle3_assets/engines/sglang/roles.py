@@ -11,6 +11,7 @@ class SGLangGenerate:
     in_process = False
     exact_ids = True
     gpu = True
+    resources = ("sglang",)
 
     def http(self, resources, spec, tokenizer, concurrency: int) -> HttpGeneration:
         tok = tokenizer()
@@ -26,6 +27,7 @@ class SGLangExtract:
 
     in_step = False
     tensor_parallel = True
+    resources = ()
 
     def step_extractor(self, spec, *, layer_ids, resources):
         raise ValueError("the sglang engine extracts in a launched tensor-parallel job, not in the step")

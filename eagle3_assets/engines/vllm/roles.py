@@ -12,6 +12,7 @@ class VLLMGenerate:
     in_process = False
     exact_ids = True
     gpu = True
+    resources = ("vllm",)
 
     def http(self, resources, spec, tokenizer, concurrency: int) -> HttpGeneration:
         tok = tokenizer()
@@ -27,6 +28,7 @@ class VLLMExtract:
 
     in_step = True
     tensor_parallel = False
+    resources = ("vllm", "slurm")  # slurm: the vLLM environment on the cluster's nodes
 
     def step_extractor(self, spec, *, layer_ids, resources):
         from eagle3_assets.engines.vllm.extraction import step_extractor
