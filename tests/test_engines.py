@@ -17,7 +17,7 @@ import torch
 
 import eagle3_assets.definitions  # noqa: F401  (the stages as imported, built before a test registers an engine)
 from eagle3_assets.engines import ROLES, engine_names, engine_role
-from eagle3_assets.engines.roles import Extract, Features, Generate, HttpGeneration, Serve
+from eagle3_assets.engines.roles import Extract, Features, Generate, HttpGeneration, Serve, TensorParallelExtract
 
 REPO = Path(__file__).resolve().parents[1]
 PROTOCOLS = {"generate": Generate, "extract": Extract, "serve": Serve}
@@ -30,6 +30,8 @@ def test_every_registered_role_keeps_its_protocol_and_lives_in_its_engines_folde
         assert module.startswith(f"eagle3_assets.engines.{name}."), (role, name, where)
         assert (REPO / "eagle3_assets" / "engines" / name).is_dir(), name
         assert isinstance(engine_role(role, name), PROTOCOLS[role]), (role, name)
+        if role == "extract" and engine_role(role, name).tensor_parallel:
+            assert isinstance(engine_role(role, name), TensorParallelExtract), name
 
 
 def test_an_engine_without_a_role_is_refused_naming_those_with_it():

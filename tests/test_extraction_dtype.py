@@ -107,5 +107,5 @@ def test_sglang_job_carries_the_targets_dtype(tmp_path, model_dir, monkeypatch, 
         path = write_sglang_job(HiddenStatesConfig(backend="sglang"), spec, corpus, tmp_path / "hs", model_dtype=dtype)
         job = sglang_extract.SGLangExtractionJob.model_validate(json.loads(path.read_text()))
         assert job.model_dtype == dtype
-        sglang_extract.sglang_capture(job, Group(0, 1, 0, None), [1, 14, 26])
+        sglang_extract.engine_capture(job, Group(0, 1, 0, None), [1, 14, 26])
         assert seen["dtype"] == want

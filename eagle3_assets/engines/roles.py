@@ -89,7 +89,8 @@ class Extract(Protocol):
     ``in_step``: with a launcher that runs here, the asset extracts in its own step through
     ``step_extractor``; otherwise (or on another launcher) the stage launches a job. A
     ``tensor_parallel`` engine runs that job as a torchrun group of ``tp_size`` ranks, each holding a
-    slice of the model (the SGLang job, ``hidden_states/sglang_extract.py``); the others run the extraction job,
+    slice of the model (``TensorParallelExtract``: the stage's tensor-parallel job asks it for each
+    rank's capture); the others run the extraction job,
     one process per node, building their extractor there with ``job_extractor`` and the settings
     ``job_settings`` put in the job file."""
 
@@ -102,6 +103,17 @@ class Extract(Protocol):
     def job_settings(self, config, target, resources: Any, corpus, spec) -> dict: ...
 
     def job_extractor(self, job, stack: ExitStack) -> Extractor: ...
+
+
+@runtime_checkable
+class TensorParallelExtract(Extract, Protocol):
+    """An extract role whose model is split over a torchrun group (``tensor_parallel``): the stage's
+    tensor-parallel job (``hidden_states/sglang_extract.py``) asks it for each rank's capture, sized
+    for the corpus's longest row, and for the label its manifest records."""
+
+    def capture(self, job, group, layer_ids: list[int], *, longest_row: int): ...
+
+    def label(self) -> str: ...
 
 
 # ---- generate -----------------------------------------------------------------------------------

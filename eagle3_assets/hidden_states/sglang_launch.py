@@ -22,7 +22,7 @@ def write_sglang_job(config, spec, corpus: Path, out: Path, nodes: int = 1, mode
     the target's (``auto`` stays so in the file and is resolved on the rank's own machine)."""
     text = spec.text_config
     job = SGLangExtractionJob(
-        model_path=str(spec.model_dir), corpus=str(corpus), out_dir=str(out), target=spec.identity,
+        engine=config.backend, model_path=str(spec.model_dir), corpus=str(corpus), out_dir=str(out), target=spec.identity,
         num_layers=int(text["num_hidden_layers"]), hidden_size=int(text["hidden_size"]),
         vocab_size=int(text["vocab_size"]), layer_ids=config.layer_ids or None, tp_size=config.tp_size,
         dtype=config.dtype, shard_bytes=config.shard_bytes, batch_tokens=config.batch_tokens,

@@ -39,6 +39,25 @@ class SGLangExtract:
         raise ValueError("the sglang engine extracts in its tensor-parallel job (hidden_states/sglang_extract.py), "
                          "not in the extraction job")
 
+    def capture(self, job, group, layer_ids, *, longest_row: int):
+        """This rank's SGLang model (``SGLangCapture``), its KV pool sized for ``longest_row``."""
+        import os
+
+        from eagle3_assets.engines.sglang.capture import SGLangCapture
+        from eagle3_assets.target.precision import resolve_dtype
+
+        return SGLangCapture(job.model_path, layer_ids=layer_ids, tp_rank=group.rank, tp_size=group.world_size,
+                             gpu_id=group.local_rank, batch_tokens=job.batch_tokens, longest_row=longest_row,
+                             max_rows=job.max_rows, dtype=resolve_dtype(job.model_dtype),
+                             trust_remote_code=job.trust_remote_code, server_args=job.server_args,
+                             nccl_port=int(os.environ.get("MASTER_PORT", "0")))
+
+    def label(self) -> str:
+        """The backend the manifest records: the engine and its one supported release."""
+        from eagle3_assets.engines.sglang.versions import SGLANG_VERSION
+
+        return f"sglang-{SGLANG_VERSION}"
+
 
 class SGLangServe:
     """An SGLang server speculating with the drafter's SGLang export (a chain of ``k`` steps); its
