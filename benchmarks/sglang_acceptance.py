@@ -39,14 +39,15 @@ def main(argv=None) -> None:
 
     import torch
 
-    from eagle3_assets.drafter import sglang_acceptance, vllm_acceptance
     from eagle3_assets.drafter.export import export_sglang, export_vllm, load_sglang
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
     from eagle3_assets.drafter.target_weights import read_target_embeddings
+    from eagle3_assets.engines.sglang import acceptance as sglang_acceptance
+    from eagle3_assets.engines.sglang.server import SGLangServer
+    from eagle3_assets.engines.vllm import acceptance as vllm_acceptance
+    from eagle3_assets.engines.vllm.server import VLLMServer, vllm_available
     from eagle3_assets.paths import DataLayout
     from eagle3_assets.target.embedded import EmbeddedModel, ensure_default_model
-    from eagle3_assets.target.sglang_server import SGLangServer
-    from eagle3_assets.target.vllm_server import VLLMServer, vllm_available
     from tests.support import small_drafter
 
     torch.set_num_threads(1)  # the other core is the server's

@@ -123,8 +123,8 @@ def bare_loop(job, steps: int, warmup: int) -> dict:
     batches = list(ShardBatches(dataset, s.batch_size, seed=s.seed).epoch(0))
     with torch.device(device):
         model = Eagle3Drafter(cfg)
-    model.init_weights(s.seed).set_embeddings(read_target_embeddings(job.target_dir)).set_vocab_map(vmap)
-    head = read_target_lm_head(job.target_dir).to(device, dtype)
+    model.init_weights(s.seed).set_embeddings(read_target_embeddings(job.target.model_dir)).set_vocab_map(vmap)
+    head = read_target_lm_head(job.target.model_dir).to(device, dtype)
     draft_head = head[vmap.target_ids.to(device)]
     t2d = vmap.t2d.to(device)
     params = [p for p in model.parameters() if p.requires_grad]

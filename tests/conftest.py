@@ -22,13 +22,13 @@ os.environ["EAGLE3_MODEL_CACHE"] = str(MODEL_CACHE)
 
 
 def _vllm() -> str | None:
-    from eagle3_assets.target.vllm_server import default_python, vllm_available
+    from eagle3_assets.engines.vllm.server import default_python, vllm_available
 
     return default_python() if vllm_available() else None
 
 
 def _sglang() -> str | None:
-    from eagle3_assets.target.sglang_server import default_python, sglang_available
+    from eagle3_assets.engines.sglang.server import default_python, sglang_available
 
     return default_python() if sglang_available() else None
 

@@ -1,10 +1,11 @@
-"""Hidden states as a job of their own: the entry point a SLURM job runs for the local and vLLM backends.
+"""Hidden states as a job of their own: what a launched job runs for an engine that is not tensor-parallel (local, vLLM).
 
     python -m eagle3_assets.hidden_states.extract_job --config job.json
 
 The same ``extract_corpus`` as the in-process asset (resume, batching, quarantine, shards, index,
-manifest), with the local extractor or with a vLLM extraction server this job starts on its own
-node (its files on node-local disk, read by this process) and stops at the end. Rank 0 of a job
+manifest), with the extractor the engine's extract role builds on this node (vLLM's: an extraction
+server this job starts on its own node, its files on node-local disk, read by this process, stopped
+at the end). Rank 0 of a job
 launched by Dagster Pipes logs progress to the run; the report is written beside the shards
 (``extraction-report.json``), where the asset reads it.
 """
@@ -21,8 +22,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from eagle3_assets.engines import engine_names, engine_role
+from eagle3_assets.engines.vllm.extraction import VLLMServerSpec
 from eagle3_assets.hidden_states.extract import ExtractionReport, extract_corpus
 from eagle3_assets.job_file import JobFile, run_job_main
 from eagle3_assets.target.ref import TargetRef
@@ -30,27 +33,10 @@ from eagle3_assets.target.ref import TargetRef
 REPORT = "extraction-report.json"  # the same file the SGLang job writes (sglang_extract.load_report reads both)
 
 
-class VLLMServerSpec(BaseModel):
-    """The extraction server the job starts (``VLLMServer`` role ``extract``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    python: str  # the vLLM environment's interpreter on the node
-    served_name: str = ""
-    dtype: str = "float32"  # the target's; auto: bfloat16 where the node sees a GPU, else float32
-    max_model_len: int = Field(2048, ge=2)
-    enforce_eager: bool | None = True  # None: eager where the node has no GPU
-    tensor_parallel_size: int = Field(1, ge=1)
-    kv_cache_gib: int = Field(2, ge=1)
-    extra_args: list[str] = []
-    concurrency: int = Field(8, ge=1)
-    ready_timeout_s: float = 1800.0
-
-
 class ExtractionJob(JobFile):
     """One dataset's extraction; the asset writes it, the job reads it."""
 
-    backend: Literal["local", "vllm"]
+    backend: Literal[engine_names("extract")]  # an engine whose extract role runs in this job (not tensor_parallel)
     target: TargetRef
     corpus: str
     out_dir: str
@@ -67,36 +53,8 @@ class ExtractionJob(JobFile):
 
 
 def build_extractor(job: ExtractionJob, stack: ExitStack):
-    target = job.target.open()
-    if job.backend == "local":
-        from eagle3_assets.hidden_states.extractors import LocalExtractor
-
-        return LocalExtractor(target.model_dir, layer_ids=job.layer_ids, device=job.device, dtype=job.model_dtype,
-                              target=target.identity)
-    from eagle3_assets.hidden_states.vllm_extractor import VLLMExtractor, vllm_layer_ids
-    from eagle3_assets.target.layers import resolve_layer_ids
-    from eagle3_assets.target.precision import cuda_available, resolve_dtype
-    from eagle3_assets.target.vllm_server import VLLMServer
-
-    if job.vllm is None:
-        raise ValueError("backend vllm needs the 'vllm' server settings")
-    s = job.vllm
-    layers = target.num_layers
-    ids = resolve_layer_ids(layers, job.layer_ids)
-    extra = [*s.extra_args] + (["--tensor-parallel-size", str(s.tensor_parallel_size)] if s.tensor_parallel_size > 1 else [])
-    server = VLLMServer(target.model_dir, role="extract", python=s.python, served_name=s.served_name,
-                        dtype=resolve_dtype(s.dtype), max_model_len=s.max_model_len,
-                        enforce_eager=not cuda_available() if s.enforce_eager is None else s.enforce_eager,
-                        kv_cache_gib=s.kv_cache_gib, vllm_layer_ids=vllm_layer_ids(ids, layers), extra_args=extra)
-    server.start()
-    stack.callback(server.stop)
-    print(f"vLLM extraction server starting on {os.uname().nodename}, log {server.log_path}", flush=True)
-    server.wait_ready(s.ready_timeout_s)
-    print(f"vLLM extraction server ready: {server.api_url}", flush=True)
-    extractor = VLLMExtractor(server.api_url, target.model_dir, layer_ids=job.layer_ids, preferred_model=server.served_name,
-                              concurrency=s.concurrency, target=target.identity)
-    stack.callback(extractor.close)
-    return extractor
+    """The job's engine's extractor on this node (its extract role); what it starts stops with ``stack``."""
+    return engine_role("extract", job.backend).job_extractor(job, stack)
 
 
 def run_extraction(job: ExtractionJob, progress=None) -> ExtractionReport:

@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node=<tp> -m eagle3_assets.hidden_states.sglang_extract --config job.json
 
-Each rank builds its share of the target in SGLang (``SGLangCapture``); rank 0 runs the
+Each rank builds its share of the target in the job's engine (its extract role's ``capture``:
+SGLang's, ``engines/sglang/capture.py``); rank 0 runs the
 same extraction as the local backend (``extract_corpus``: resume, batching by length,
 quarantine, shards, index and manifest) and every other rank mirrors its forwards
 (:mod:`~eagle3_assets.hidden_states.tensor_parallel`). One job is one tensor-parallel
@@ -23,6 +24,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from eagle3_assets.engines import engine_role
 from eagle3_assets.hidden_states.extract import ExtractionReport, extract_corpus
 from eagle3_assets.hidden_states.tensor_parallel import Group, LeaderExtractor, follow, init_tensor_parallel
 from eagle3_assets.job_file import JobFile, run_job_main
@@ -35,6 +37,7 @@ REPORT = "extraction-report.json"
 class SGLangExtractionJob(JobFile):
     """One extraction run; the asset writes it, every rank reads it."""
 
+    engine: str = "sglang"  # the engine whose extract role (tensor_parallel) captures on every rank
     target: TargetRef  # the target (its sizes are read from it, once, on each rank)
     corpus: str  # merged-corpus Parquet
     out_dir: str  # the dataset's hidden-state directory
@@ -62,16 +65,10 @@ def longest_row(job: SGLangExtractionJob) -> int:
     return int(n.select(pl.col("n").max()).collect().item() or 1)
 
 
-def sglang_capture(job: SGLangExtractionJob, group: Group, layer_ids: list[int]):
-    """The real capture: this rank's SGLang model, its KV pool sized from the longest row."""
-    from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
-    from eagle3_assets.target.precision import resolve_dtype
-
-    return SGLangCapture(job.target.model_dir, layer_ids=layer_ids, tp_rank=group.rank, tp_size=group.world_size,
-                         gpu_id=group.local_rank, batch_tokens=job.batch_tokens, longest_row=longest_row(job),
-                         max_rows=job.max_rows, dtype=resolve_dtype(job.model_dtype),
-                         trust_remote_code=job.target.trust_remote_code, server_args=job.server_args,
-                         nccl_port=int(os.environ.get("MASTER_PORT", "0")))
+def engine_capture(job: SGLangExtractionJob, group: Group, layer_ids: list[int]):
+    """The real capture: this rank's share of the model in the job's engine (its extract role's
+    ``capture``; SGLang's ModelRunner), its KV pool sized from the longest row."""
+    return engine_role("extract", job.engine).capture(job, group, layer_ids, longest_row=longest_row(job))
 
 
 def describe(job: SGLangExtractionJob, target: OpenTarget, layer_ids: list[int], backend: str) -> dict:
@@ -79,7 +76,7 @@ def describe(job: SGLangExtractionJob, target: OpenTarget, layer_ids: list[int],
             "backend": f"{backend} tp{job.tp_size}"}
 
 
-def run_extraction(job: SGLangExtractionJob, capture_factory=sglang_capture, *, backend: str | None = None,
+def run_extraction(job: SGLangExtractionJob, capture_factory=engine_capture, *, backend: str | None = None,
                    progress=None) -> ExtractionReport | None:
     """This rank's part of the job; rank 0 returns the report (and writes it beside the shards)."""
     group = init_tensor_parallel(job.tp_size)
@@ -90,9 +87,7 @@ def run_extraction(job: SGLangExtractionJob, capture_factory=sglang_capture, *, 
         follow(capture, group)
         return None
     if backend is None:
-        from eagle3_assets.hidden_states.sglang_capture import SGLANG_VERSION
-
-        backend = f"sglang-{SGLANG_VERSION}"
+        backend = engine_role("extract", job.engine).label()
     leader = LeaderExtractor(capture, group, hidden_size=target.hidden_size, vocab_size=target.vocab_size,
                              max_rows=job.max_rows, max_length=job.max_length,
                              page_size=getattr(capture, "page_size", 1), describe=describe(job, target, layer_ids, backend))
@@ -138,7 +133,7 @@ def _factory(spec: str):
 
 
 def _run(job: SGLangExtractionJob, args, pipes) -> int:
-    factory = _factory(args.capture) if args.capture else sglang_capture
+    factory = _factory(args.capture) if args.capture else engine_capture
     backend = None if args.capture is None else args.capture
     last = [time.monotonic()]
 

@@ -22,7 +22,7 @@ def write_sglang_job(config, spec, corpus: Path, out: Path, nodes: int = 1, mode
     """The job file every rank reads, beside the dataset's hidden-state directory; ``model_dtype`` is
     the target's (``auto`` stays so in the file and is resolved on the rank's own machine)."""
     job = SGLangExtractionJob(
-        target=TargetRef.of(spec), corpus=str(corpus), out_dir=str(out),
+        engine=config.backend, target=TargetRef.of(spec), corpus=str(corpus), out_dir=str(out),
         layer_ids=config.layer_ids or None, tp_size=config.tp_size,
         dtype=config.dtype, shard_bytes=config.shard_bytes, batch_tokens=config.batch_tokens,
         retry_quarantined=config.retry_quarantined,

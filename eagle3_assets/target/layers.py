@@ -9,7 +9,7 @@ do not as "entering" ids (see ``sglang_shift_problem``). Getting this wrong sile
 drafter on the wrong layers, so the manifest records the convention and the HF index each id was read from.
 
 Hugging Face ``output_hidden_states`` (verified on transformers 5.24, Llama, by
-``tests/test_hidden_states.py``): ``hidden_states[0]`` is the embeddings, ``hidden_states[k+1]``
+``tests/unit/hidden_states/test_hidden_states.py``): ``hidden_states[0]`` is the embeddings, ``hidden_states[k+1]``
 is the output of decoder layer ``k`` for ``k <= L-2``, and ``hidden_states[L]`` (= ``[-1]``) is
 *post-norm*: transformers 5 overwrites the last entry with ``last_hidden_state``
 (``capture_outputs(tie_last_hidden_states=True)``). The raw output of layer ``L-1`` is therefore

@@ -16,7 +16,7 @@ import torch
 
 
 def local_capture(job, group, layer_ids):
-    from eagle3_assets.hidden_states.extractors import LocalExtractor
+    from eagle3_assets.engines.local.extractor import LocalExtractor
 
     extractor = LocalExtractor(job.target.model_dir, layer_ids=layer_ids)
     node = f".node{os.environ.get('SLURM_PROCID', 0)}" if getattr(job, "nodes", 1) > 1 else ""

@@ -17,7 +17,7 @@ from enum import Enum, IntEnum
 import torch
 from torch import nn
 
-from eagle3_assets.target.engines import SGLANG_VERSION
+from eagle3_assets.engines.sglang.versions import SGLANG_VERSION
 
 CALLS: list = []
 

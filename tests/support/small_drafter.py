@@ -95,7 +95,7 @@ def served_vs_project(api_url: str, embedded, export_dir: Path, prompts, *, k: i
     ``(engine, project, figures)``."""
     from eagle3_assets.drafter.export import load_vllm
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
-    from eagle3_assets.drafter.vllm_acceptance import compare, measure_acceptance
+    from eagle3_assets.engines.vllm.acceptance import compare, measure_acceptance
 
     greedy = [greedy_generate(embedded.model, p, max_new_tokens=max_new_tokens, stop_ids=embedded.stop_ids)
               for p in prompts]

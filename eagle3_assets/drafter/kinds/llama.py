@@ -330,7 +330,8 @@ def layout_problems(shape) -> dict[str, str]:
 
 def target_notes(target_config: dict) -> list[str]:
     """What an engine will not serve of a Llama-style drafter next to this target."""
-    from eagle3_assets.target.engines import CPU_BLOCK_ERROR, target_family
+    from eagle3_assets.engines.versions import target_family
+    from eagle3_assets.engines.vllm.versions import CPU_BLOCK_ERROR
 
     if target_family(target_config) is None:
         return []

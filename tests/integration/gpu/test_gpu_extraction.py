@@ -5,8 +5,8 @@ import polars as pl
 import pytest
 import torch
 
+from eagle3_assets.engines.local.extractor import LocalExtractor
 from eagle3_assets.hidden_states.extract import extract_corpus, plan_batches, verify_shards
-from eagle3_assets.hidden_states.extractors import LocalExtractor
 from eagle3_assets.hidden_states.reader import ShardReader
 from eagle3_assets.target.precision import resolve_device, resolve_dtype
 from tests.unit.hidden_states.test_hidden_states import LENGTHS, TWO_SAMPLES, make_corpus

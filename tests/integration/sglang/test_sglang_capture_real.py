@@ -17,10 +17,10 @@ import subprocess
 import pytest
 import torch
 
-from eagle3_assets.hidden_states.extractors import LocalExtractor
-from eagle3_assets.target.sglang_server import default_python
-from eagle3_assets.target.vllm_server import PACKAGE_PARENT
-from eagle3_assets.testing.sglang_cpu import server_environment
+from eagle3_assets.engines.local.extractor import LocalExtractor
+from eagle3_assets.engines.sglang.cpu import server_environment
+from eagle3_assets.engines.sglang.server import default_python
+from eagle3_assets.engines.vllm.server import PACKAGE_PARENT
 
 pytestmark = [pytest.mark.sglang, pytest.mark.model]
 LAYERS = [1, 14, 27]
@@ -34,7 +34,7 @@ def run_capture(tmp_path, name: str, spec: dict) -> dict:
     env = server_environment()
     env["PYTHONPATH"] += os.pathsep + str(PACKAGE_PARENT)
     env.update({"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    out = subprocess.run([default_python(), "-m", "eagle3_assets.testing.sglang_cpu.run_capture",
+    out = subprocess.run([default_python(), "-m", "eagle3_assets.engines.sglang.cpu.run_capture",
                           str(tmp_path / f"{name}.json"), str(tmp_path / f"{name}.pt")],
                          env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]

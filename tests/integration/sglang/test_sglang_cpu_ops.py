@@ -1,5 +1,5 @@
 """The project's CPU versions of the sgl_kernel ops SGLang's EAGLE-3 worker calls on a CPU
-(testing/sglang_cpu/hook), each against SGLang's own definition (marked sglang: SGLang's Triton
+(engines/sglang/cpu/hook), each against SGLang's own definition (marked sglang: SGLang's Triton
 kernels run by Triton's interpreter, its torch-native attention; see tests/support/sglang_ops_reference.py),
 plus the one op that has no GPU twin, checked against the semantics of sgl-kernel's spec.cpp."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_assets.target.sglang_server import default_python
-from eagle3_assets.testing.sglang_cpu import HOOK_DIR, server_environment
+from eagle3_assets.engines.sglang.cpu import HOOK_DIR, server_environment
+from eagle3_assets.engines.sglang.server import default_python
 
 ROOT = Path(__file__).resolve().parents[3]
 REFERENCED = ["assign_extend_cache_locs_cpu", "assign_req_to_token_pool_cpu", "assign_draft_cache_locs_contiguous_cpu",

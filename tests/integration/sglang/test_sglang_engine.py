@@ -13,10 +13,11 @@ import httpx
 import polars as pl
 import pytest
 
+from eagle3_assets.engines.sglang.server import SGLangServer, check_supported, installed_version
+from eagle3_assets.engines.sglang.versions import SGLANG_VERSION
+from eagle3_assets.engines.versions import EngineVersionError
 from eagle3_assets.generation.response_store import ResponseStore
 from eagle3_assets.resources import SGLangResource
-from eagle3_assets.target.engines import SGLANG_VERSION, EngineVersionError
-from eagle3_assets.target.sglang_server import SGLangServer, check_supported, installed_version
 from tests.conftest import small_prompts, write_jsonl
 from tests.support.dagster_helpers import run_dataset, small_run_config
 
@@ -31,7 +32,7 @@ def sglang_server(model_dir, one_torch_thread):
 
 
 def test_the_environment_holds_the_one_supported_version(tmp_path):
-    from eagle3_assets.target.sglang_server import default_python
+    from eagle3_assets.engines.sglang.server import default_python
 
     assert installed_version(default_python()) == SGLANG_VERSION == check_supported(default_python())
     fake = tmp_path / "python"
@@ -81,7 +82,7 @@ def test_the_server_refuses_hidden_states_it_was_not_started_for(sglang_server):
 CAPTURE_ARGS_PROBE = """
 import json, msgspec
 from sglang.srt.server_args import ServerArgs
-from eagle3_assets.hidden_states.sglang_capture import (BREAKS_CAPTURE, REQUIRED_SERVER_ARGS, breaking_args,
+from eagle3_assets.engines.sglang.capture import (BREAKS_CAPTURE, REQUIRED_SERVER_ARGS, breaking_args,
                                                         capture_server_args, kv_pool_tokens)
 names = {{f.name for f in msgspec.structs.fields(ServerArgs)}}
 kw = capture_server_args({model!r}, tp_size=1, max_tokens=kv_pool_tokens(300, 256), max_rows=4)
@@ -100,8 +101,8 @@ def test_the_capture_server_args_are_real_0_5_23_fields_and_its_refusals_read_th
     import json
     import subprocess
 
-    from eagle3_assets.target.vllm_server import PACKAGE_PARENT
-    from eagle3_assets.testing.sglang_cpu import server_environment
+    from eagle3_assets.engines.sglang.cpu import server_environment
+    from eagle3_assets.engines.vllm.server import PACKAGE_PARENT
 
     server = SGLangServer(model_dir)  # its interpreter; never started
     env = server_environment()

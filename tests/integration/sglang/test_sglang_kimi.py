@@ -18,7 +18,7 @@ import json
 
 import pytest
 
-from eagle3_assets.target.sglang_server import SGLangServer
+from eagle3_assets.engines.sglang.server import SGLangServer
 from tests.integration.sglang.test_sglang_serving import MAX_NEW, K, assert_same_acceptance, served_vs_project
 from tests.support import small_drafter
 

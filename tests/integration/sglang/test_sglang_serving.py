@@ -1,6 +1,6 @@
 """SGLang's own EAGLE-3 worker, for real (marked sglang): a server from ``.venv-sglang`` running the real
 SmolLM2 target on SGLang's CPU engine with the ``intel_amx`` attention backend (its only CPU backend
-with a multi-step draft backend; the kernels are the project's plain-torch ones, testing/sglang_cpu),
+with a multi-step draft backend; the kernels are the project's plain-torch ones, engines/sglang/cpu),
 speculating with the SGLang export (``LlamaForCausalLMEagle3``) of a drafter trained here.
 
 Output must equal the target's greedy decoding, and the acceptance SGLang counts per request
@@ -15,8 +15,8 @@ import json
 
 import pytest
 
-from eagle3_assets.drafter import sglang_acceptance
-from eagle3_assets.target.sglang_server import SGLangServer
+from eagle3_assets.engines.sglang import acceptance as sglang_acceptance
+from eagle3_assets.engines.sglang.server import SGLangServer
 from tests.support import small_drafter
 
 pytestmark = [pytest.mark.sglang, pytest.mark.model]

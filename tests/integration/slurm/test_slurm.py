@@ -22,8 +22,8 @@ import dagster as dg
 import pytest
 import torch
 
+from eagle3_assets.engines.vllm.server import vllm_available
 from eagle3_assets.slurm import scheduler
-from eagle3_assets.target.vllm_server import vllm_available
 from tests.conftest import small_prompts, write_jsonl
 from tests.support.dagster_helpers import checks_by_name, run_dataset
 
@@ -106,8 +106,8 @@ def _messages(instance, run_id: str) -> list[str]:
 
 
 def test_extraction_as_a_slurm_job_equals_local_extraction(root, extracted, slurm_cluster, model_dir, tmp_path):
+    from eagle3_assets.engines.local.extractor import LocalExtractor
     from eagle3_assets.hidden_states.extract import extract_corpus
-    from eagle3_assets.hidden_states.extractors import LocalExtractor
     from eagle3_assets.hidden_states.reader import ShardReader
 
     layout, instance = root

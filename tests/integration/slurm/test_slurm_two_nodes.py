@@ -121,8 +121,8 @@ EXTRACT_ON_TWO_NODES = {"launcher": "slurm", "batch_tokens": 1, "shard_bytes": 1
 def _one_node_reference(layout, model_dir, out):
     """The same corpus extracted by one process here: one sample a forward (as the job's nodes run
     them: ``batch_tokens`` 1) and one thread (the jobs' ``OMP_NUM_THREADS``), so bit equality holds."""
+    from eagle3_assets.engines.local.extractor import LocalExtractor
     from eagle3_assets.hidden_states.extract import extract_corpus
-    from eagle3_assets.hidden_states.extractors import LocalExtractor
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

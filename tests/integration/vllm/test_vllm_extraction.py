@@ -16,7 +16,7 @@ import dagster as dg
 import pytest
 import torch
 
-from eagle3_assets.target.vllm_server import VLLMServer
+from eagle3_assets.engines.vllm.server import VLLMServer
 
 pytestmark = [
     pytest.mark.vllm,
@@ -29,7 +29,7 @@ LAYER_IDS = [1, 14, 26]
 
 @pytest.fixture(scope="module")
 def ext_server(model_dir, tmp_path_factory):
-    from eagle3_assets.hidden_states.vllm_extractor import vllm_layer_ids
+    from eagle3_assets.engines.vllm.extractor import vllm_layer_ids
 
     with VLLMServer(model_dir, role="extract", vllm_layer_ids=vllm_layer_ids(LAYER_IDS, 30),
                     workdir=tmp_path_factory.mktemp("vllm-extract")) as server:
@@ -43,8 +43,8 @@ def _relative_error(a, b) -> float:
 
 
 def test_extraction_equals_the_local_extractor(ext_server, model_dir):
-    from eagle3_assets.hidden_states.extractors import LocalExtractor
-    from eagle3_assets.hidden_states.vllm_extractor import VLLMExtractor
+    from eagle3_assets.engines.local.extractor import LocalExtractor
+    from eagle3_assets.engines.vllm.extractor import VLLMExtractor
 
     torch.manual_seed(0)
     rows = [torch.randint(0, 49152, (n,)).tolist() for n in (7, 40, 81, 23)] + [[1, 9690, 198]]
@@ -65,9 +65,9 @@ def test_extraction_equals_the_local_extractor(ext_server, model_dir):
 
 def test_hidden_states_asset_through_vllm(layout, ext_server, model_dir):
     from eagle3_assets.definitions import DATA_ASSETS, default_resources
+    from eagle3_assets.engines.local.extractor import LocalExtractor
     from eagle3_assets.hidden_states.assets import hidden_states
     from eagle3_assets.hidden_states.checks import shard_integrity
-    from eagle3_assets.hidden_states.extractors import LocalExtractor
     from eagle3_assets.hidden_states.reader import ShardReader
     from eagle3_assets.resources import VLLMResource
     from tests.conftest import small_prompts, write_jsonl

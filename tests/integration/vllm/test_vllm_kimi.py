@@ -18,7 +18,7 @@ import dagster as dg
 import pytest
 import torch
 
-from eagle3_assets.target.vllm_server import VLLMServer, VLLMServerError, vllm_available
+from eagle3_assets.engines.vllm.server import VLLMServer, VLLMServerError, vllm_available
 from tests.conftest import write_jsonl
 from tests.support import small_drafter
 
@@ -59,7 +59,7 @@ def spec_server(kimi_mini_dir, mla_drafter, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ext_server(kimi_mini_dir, tmp_path_factory):
-    from eagle3_assets.hidden_states.vllm_extractor import vllm_layer_ids
+    from eagle3_assets.engines.vllm.extractor import vllm_layer_ids
 
     with VLLMServer(kimi_mini_dir, role="extract", vllm_layer_ids=vllm_layer_ids([1, 2, 3], 7),
                     workdir=tmp_path_factory.mktemp("vllm-kimi-extract")) as server:
@@ -111,8 +111,8 @@ def test_vllm_serves_kimi_mini_as_k25_and_generation_keeps_native_ids(spec_serve
 
 
 def test_extraction_through_the_connector_equals_the_local_extractor(ext_server, kimi, kimi_mini_dir):
-    from eagle3_assets.hidden_states.extractors import LocalExtractor
-    from eagle3_assets.hidden_states.vllm_extractor import VLLMExtractor
+    from eagle3_assets.engines.local.extractor import LocalExtractor
+    from eagle3_assets.engines.vllm.extractor import VLLMExtractor
 
     prompts = _prompts(kimi)[:4]
     rows = [p + g for p, g in zip(prompts, _greedy(kimi, prompts))]
@@ -171,9 +171,9 @@ def test_vllm_itself_still_refuses_a_llama_style_drafter_on_the_mla_target(kimi_
 
     from eagle3_assets.drafter.export import export_vllm
     from eagle3_assets.drafter.model import DrafterConfig, build_drafter
+    from eagle3_assets.engines.vllm.server import free_port
+    from eagle3_assets.engines.vllm.versions import CPU_BLOCK_ERROR
     from eagle3_assets.target.config import read_config
-    from eagle3_assets.target.engines import CPU_BLOCK_ERROR
-    from eagle3_assets.target.vllm_server import free_port
 
     cfg = DrafterConfig.from_target(read_config(kimi_mini_dir), draft_vocab_size=64)
     llama = export_vllm(build_drafter(cfg, torch.zeros(163840, 64)), tmp_path / "llama", dtype="float32")

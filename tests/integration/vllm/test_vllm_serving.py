@@ -17,7 +17,7 @@ import json
 import dagster as dg
 import pytest
 
-from eagle3_assets.target.vllm_server import VLLMServer
+from eagle3_assets.engines.vllm.server import VLLMServer
 from tests.conftest import write_jsonl
 from tests.support import small_drafter
 

@@ -22,7 +22,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from eagle3_assets.target.vllm_server import VLLMServer, default_python, vllm_available
+from eagle3_assets.engines.vllm.server import VLLMServer, default_python, vllm_available
 from tests.conftest import write_jsonl
 
 pytestmark = [

@@ -1,6 +1,6 @@
 """Engine versions and layouts that cannot serve a DeepSeek-V3-family (Kimi-K2.5) target are refused
 before anything starts, with the engine's own reason (boundaries read from the published wheels, see
-``eagle3_assets/target/engines.py``). No engine runs here: a stand-in interpreter reports the version."""
+``eagle3_assets/engines/versions.py``). No engine runs here: a stand-in interpreter reports the version."""
 
 import json
 import stat
@@ -8,8 +8,8 @@ import stat
 import pytest
 
 from eagle3_assets.drafter.kinds import get_kind
-from eagle3_assets.target.engines import pairing_problem, version_problem
-from eagle3_assets.target.vllm_server import VLLMServer, VLLMServerError, engine_info
+from eagle3_assets.engines.versions import pairing_problem, version_problem
+from eagle3_assets.engines.vllm.server import VLLMServer, VLLMServerError, engine_info
 
 K25 = {"model_type": "kimi_k25", "architectures": ["KimiK25ForConditionalGeneration"],
        "text_config": {"model_type": "kimi_k2", "kv_lora_rank": 512, "num_hidden_layers": 61}}

@@ -1,4 +1,4 @@
-"""The CPU stand-ins SGLang's CPU engine needs (eagle3_assets/testing/sglang_cpu), each against the
+"""The CPU stand-ins SGLang's CPU engine needs (eagle3_assets/engines/sglang/cpu), each against the
 definition of the kernel it replaces; runs in the project's environment, no SGLang needed."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from eagle3_assets.testing.sglang_cpu import HOOK_DIR, server_environment
+from eagle3_assets.engines.sglang.cpu import HOOK_DIR, server_environment
 
 
 def _ops():

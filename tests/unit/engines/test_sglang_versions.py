@@ -1,4 +1,4 @@
-"""The MLA drafter's SGLang requirement (engines.REQUIREMENTS["sglang", "mla_draft"]), checked where an
+"""The MLA drafter's SGLang requirement (REQUIREMENTS["mla_draft"] in engines/sglang/versions.py), checked where an
 MLA drafter is exported for SGLang and where an SGLang server is asked to serve one."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import json
 import pytest
 import torch
 
-from eagle3_assets.target import engines
-from eagle3_assets.target.engines import SGLANG_VERSION, EngineVersionError, mla_draft_problem
-from eagle3_assets.target.sglang_server import SGLangServer, serving_problem
+from eagle3_assets.engines.sglang import versions as engines
+from eagle3_assets.engines.sglang.server import SGLangServer, serving_problem
+from eagle3_assets.engines.sglang.versions import SGLANG_VERSION
+from eagle3_assets.engines.versions import EngineVersionError, mla_draft_problem
 
 MLA_TARGET = {"model_type": "kimi_k25", "text_config": {"model_type": "kimi_k2", "kv_lora_rank": 512}}
 

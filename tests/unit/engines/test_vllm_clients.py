@@ -16,17 +16,17 @@ import httpx
 import pytest
 import torch
 
-from eagle3_assets.drafter.vllm_acceptance import acceptance_from_counters, compare, parse_prometheus
-from eagle3_assets.generation.openai_ids import OpenAIIdsBackend
-from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
-from eagle3_assets.hidden_states.vllm_extractor import (
+from eagle3_assets.engines.vllm.acceptance import acceptance_from_counters, compare, parse_prometheus
+from eagle3_assets.engines.vllm.extractor import (
     VLLMExtractionError,
     features_from_file,
     rms_norm,
     vllm_layer_ids,
     wait_unlocked,
 )
-from eagle3_assets.target.vllm_server import CPU_CONNECTOR, CPU_CONNECTOR_MODULE, PACKAGE_PARENT, VLLMServer
+from eagle3_assets.engines.vllm.server import CPU_CONNECTOR, CPU_CONNECTOR_MODULE, PACKAGE_PARENT, VLLMServer
+from eagle3_assets.generation.openai_ids import OpenAIIdsBackend
+from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
 
 PROMPT = [1, 9690, 198, 2683, 359, 2, 198, 1, 4093, 198, 1780, 314, 216, 34, 27, 35, 47, 2, 198, 1, 520, 9531, 198]
 OUTPUT = [34, 1232, 216, 35, 446, 216, 37, 2]
@@ -164,7 +164,7 @@ def test_acceptance_from_prometheus_counters():
     assert fig["drafts"] == 10 and fig["draft_tokens"] == 30 and fig["accepted_tokens"] == 12
     assert fig["acceptance_length"] == pytest.approx(2.2)  # 1 + 12 / 10, SGLang's convention
     assert fig["per_position_rate"] == pytest.approx([0.7, 0.4, 0.1])
-    from eagle3_assets.drafter.vllm_acceptance import EngineAcceptance
+    from eagle3_assets.engines.roles import EngineAcceptance
 
     rep = EngineAcceptance(k=3, prompts=2, output_tokens=30, **fig)
     assert compare({"acceptance_length": 2.25, "per_position_rate": [0.7, 0.4, 0.15]}, rep)["difference"] == -0.05
@@ -175,7 +175,7 @@ def test_acceptance_from_prometheus_counters():
 def test_layer_mapping_and_final_norm(model_dir):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from eagle3_assets.hidden_states.vllm_extractor import read_final_norm
+    from eagle3_assets.engines.vllm.extractor import read_final_norm
 
     assert vllm_layer_ids([1, 14, 26], 30) == [2, 15, 27, 30]  # ours + 1, then the last layer (pre-norm)
     weight, eps = read_final_norm(model_dir)
@@ -253,7 +253,7 @@ def test_launch_commands(tmp_path, model_dir):
     assert cfg == {"method": "eagle3", "model": str(tmp_path / "d"), "num_speculative_tokens": 4}
     with pytest.raises(ValueError, match="drafter_dir"):
         VLLMServer(model_dir, role="speculate")
-    from eagle3_assets.target.vllm_server import VLLMServerError
+    from eagle3_assets.engines.vllm.server import VLLMServerError
 
     with pytest.raises(VLLMServerError, match="make vllm"):
         VLLMServer(model_dir, python=str(tmp_path / "absent" / "python")).start()

@@ -6,6 +6,7 @@ The model's parameters are the record checked here, not a setting the code under
 """
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -59,8 +60,8 @@ def test_local_extractor_takes_the_targets_dtype(model_dir, no_gpu):
 def test_slurm_job_carries_the_targets_dtype_and_resolves_auto_on_the_node(model_dir, tmp_path, no_gpu):
     corpus = make_corpus(tmp_path / "corpus.parquet")
     target = TargetResource(dtype="bf16")
-    launch = extraction_launch(HiddenStatesConfig(), target, VLLMResource(), SlurmResource(), corpus, tmp_path / "hs",
-                               "d", 1)
+    launch = extraction_launch(HiddenStatesConfig(), target, SimpleNamespace(vllm=VLLMResource(), slurm=SlurmResource()),
+                               corpus, tmp_path / "hs", "d", 1)
     job = extract_job.ExtractionJob.model_validate_json((tmp_path / ".hs.extract-job.json").read_text())
     assert launch.module == "eagle3_assets.hidden_states.extract_job"
     assert (job.model_dtype, job.device, job.dtype) == ("bf16", "auto", "bf16")  # shard storage is its own setting
@@ -71,8 +72,8 @@ def test_slurm_job_carries_the_targets_dtype_and_resolves_auto_on_the_node(model
 def test_vllm_job_server_gets_the_resolved_dtype(tmp_path, model_dir, monkeypatch, no_gpu):
     corpus = make_corpus(tmp_path / "corpus.parquet")
     cfg = HiddenStatesConfig(backend="vllm")
-    extraction_launch(cfg, TargetResource(), VLLMResource(), SlurmResource(vllm_python="/usr/bin/python3"), corpus,
-                      tmp_path / "hs", "d", 1)
+    resources = SimpleNamespace(vllm=VLLMResource(), slurm=SlurmResource(vllm_python="/usr/bin/python3"))
+    extraction_launch(cfg, TargetResource(), resources, corpus, tmp_path / "hs", "d", 1)
     job = extract_job.ExtractionJob.model_validate_json((tmp_path / ".hs.extract-job.json").read_text())
     assert job.vllm.dtype == "auto" and job.vllm.enforce_eager is None  # resolved on the node, not here
     seen = {}
@@ -82,7 +83,7 @@ def test_vllm_job_server_gets_the_resolved_dtype(tmp_path, model_dir, monkeypatc
             seen.update(kw)
             raise RuntimeError("recorded")
 
-    monkeypatch.setattr("eagle3_assets.target.vllm_server.VLLMServer", Recorder)
+    monkeypatch.setattr("eagle3_assets.engines.vllm.server.VLLMServer", Recorder)
     with pytest.raises(RuntimeError, match="recorded"):
         extract_job.build_extractor(job, None)
     assert seen["dtype"] == "float32" and seen["enforce_eager"] is True  # this node: no GPU
@@ -101,10 +102,10 @@ def test_sglang_job_carries_the_targets_dtype(tmp_path, model_dir, monkeypatch, 
         def __init__(self, *args, **kw):
             seen.update(kw)
 
-    monkeypatch.setattr("eagle3_assets.hidden_states.sglang_capture.SGLangCapture", Recorder)
+    monkeypatch.setattr("eagle3_assets.engines.sglang.capture.SGLangCapture", Recorder)
     for dtype, want in (("bfloat16", "bfloat16"), ("auto", "float32")):
         path = write_sglang_job(HiddenStatesConfig(backend="sglang"), spec, corpus, tmp_path / "hs", model_dtype=dtype)
         job = sglang_extract.SGLangExtractionJob.model_validate(json.loads(path.read_text()))
         assert job.model_dtype == dtype
-        sglang_extract.sglang_capture(job, Group(0, 1, 0, None), [1, 14, 26])
+        sglang_extract.engine_capture(job, Group(0, 1, 0, None), [1, 14, 26])
         assert seen["dtype"] == want

@@ -6,9 +6,10 @@ import polars as pl
 import pytest
 import torch
 
+from eagle3_assets.engines.local.extractor import LocalExtractor
+from eagle3_assets.engines.roles import Features, features_from_packed, split_packed
 from eagle3_assets.hidden_states import encoding, shards, sizing
 from eagle3_assets.hidden_states.extract import extract_corpus, plan_batches, verify_shards
-from eagle3_assets.hidden_states.extractors import Features, LocalExtractor, features_from_packed, split_packed
 from eagle3_assets.hidden_states.reader import ShardReader
 from eagle3_assets.target import layers as hidden_layers
 

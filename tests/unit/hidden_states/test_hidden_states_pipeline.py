@@ -13,9 +13,9 @@ import polars as pl
 import pytest
 import torch
 
+from eagle3_assets.engines.local.extractor import LocalExtractor
 from eagle3_assets.hidden_states import encoding
 from eagle3_assets.hidden_states.extract import extract_corpus, plan_batches, verify_shards
-from eagle3_assets.hidden_states.extractors import LocalExtractor
 from eagle3_assets.hidden_states.reader import ShardReader
 from eagle3_assets.hidden_states.shards import ShardWriter, read_progress
 from tests.unit.hidden_states.test_hidden_states import LENGTHS, TWO_SAMPLES, Fake, Wrapped, make_corpus

@@ -3,7 +3,7 @@ tensor-parallel job (torchrun, rank 0 writing) with a transformers-backed captur
 
 The capture on SGLang 0.5.23's real ModelRunner (one CPU rank) is tests/integration/sglang/test_sglang_capture_real.py;
 what only a GPU box or several ranks can prove is listed in
-``eagle3_assets.hidden_states.sglang_capture.UNVERIFIED``. Scale: Kimi-K2.5 runs this job
+``eagle3_assets.engines.sglang.capture.UNVERIFIED``. Scale: Kimi-K2.5 runs this job
 with 8 ranks (TP8), 16k-token batches and 61 layers; here 2 ranks, 30 layers, 6 short rows.
 """
 
@@ -18,16 +18,16 @@ import pytest
 import torch
 from torch import nn
 
-from eagle3_assets.hidden_states.extract import extract_corpus, verify_shards
-from eagle3_assets.hidden_states.extractors import LocalExtractor
-from eagle3_assets.hidden_states.reader import ShardReader
-from eagle3_assets.hidden_states.sglang_capture import (
+from eagle3_assets.engines.local.extractor import LocalExtractor
+from eagle3_assets.engines.sglang.capture import (
     REQUIRED_SERVER_ARGS,
     CapturedStates,
     capture_server_args,
     replace_logits_processors,
     set_capture_layers,
 )
+from eagle3_assets.hidden_states.extract import extract_corpus, verify_shards
+from eagle3_assets.hidden_states.reader import ShardReader
 from eagle3_assets.hidden_states.sglang_extract import SGLangExtractionJob, main
 from eagle3_assets.hidden_states.tensor_parallel import init_tensor_parallel
 from eagle3_assets.paths import REPO_ROOT
@@ -131,7 +131,7 @@ def test_sglang_capture_drives_the_runner_as_sglang_expects(monkeypatch):
     """SGLangCapture against stand-ins for the sglang names it imports (0.5.23 signatures): a second
     rank's placement is published before the runner is built (the real runner on one CPU rank is
     tests/integration/sglang/test_sglang_capture_real.py), and the pools are freed after a failed forward."""
-    from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
+    from eagle3_assets.engines.sglang.capture import SGLangCapture
     from tests.support import fake_sglang
 
     fake_sglang.install(monkeypatch)
@@ -166,7 +166,7 @@ def test_sglang_capture_drives_the_runner_as_sglang_expects(monkeypatch):
 
 
 def test_pool_is_sized_from_the_longest_row_in_whole_pages():
-    from eagle3_assets.hidden_states.sglang_capture import kv_pool_tokens
+    from eagle3_assets.engines.sglang.capture import kv_pool_tokens
 
     assert kv_pool_tokens(longest_row=900, batch_tokens=4096, page_size=1) == 4096  # the batch budget
     assert kv_pool_tokens(longest_row=30_000, batch_tokens=4096, page_size=1) == 30_000  # a long row alone
@@ -184,7 +184,7 @@ def test_batches_count_whole_pages():
 
 @pytest.mark.parametrize("flag", ["enable_dp_attention", "enable_attn_tp_input_scattered", "enable_two_batch_overlap"])
 def test_server_args_that_break_capture_are_refused(flag, monkeypatch):
-    from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
+    from eagle3_assets.engines.sglang.capture import SGLangCapture
     from tests.support import fake_sglang
 
     with pytest.raises(ValueError, match=f"{flag}: .*leave them off"):
@@ -197,7 +197,7 @@ def test_server_args_that_break_capture_are_refused(flag, monkeypatch):
 
 
 def test_capture_sizes_its_pool_and_refuses_what_cannot_fit_before_a_batch(monkeypatch):
-    from eagle3_assets.hidden_states.sglang_capture import CapturePoolError, SGLangCapture
+    from eagle3_assets.engines.sglang.capture import CapturePoolError, SGLangCapture
     from tests.support import fake_sglang
 
     fake_sglang.install(monkeypatch)
@@ -215,8 +215,8 @@ def test_capture_sizes_its_pool_and_refuses_what_cannot_fit_before_a_batch(monke
 def test_an_sglang_other_than_the_supported_one_is_refused_before_the_capture_loads(monkeypatch):
     from types import SimpleNamespace
 
-    from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
-    from eagle3_assets.target.engines import EngineVersionError
+    from eagle3_assets.engines.sglang.capture import SGLangCapture
+    from eagle3_assets.engines.versions import EngineVersionError
     from tests.support import fake_sglang
 
     fake_sglang.install(monkeypatch)

@@ -241,7 +241,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("hidden_states", ("eagle3_assets.hidden_states",)),
     ("drafter", ("eagle3_assets.drafter",)),
     ("top", ("eagle3_assets.definitions", "eagle3_assets.cli", "eagle3_assets.demo", "eagle3_assets.launch",
-             "eagle3_assets.graphql_client", "eagle3_assets.sensors", "eagle3_assets.loopback", "eagle3_assets.testing",
+             "eagle3_assets.graphql_client", "eagle3_assets.sensors", "eagle3_assets.loopback",
              "benchmarks")),
 ]
 # The backward imports still in the tree, each with its reason; the rule fails on any other, and on an
@@ -255,9 +255,6 @@ LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("eagle3_assets.resources.sglang", "eagle3_assets.generation.http_config"): _BUILT_BY_RESOURCE,
     ("eagle3_assets.resources.vllm", "eagle3_assets.generation.http_config"): _BUILT_BY_RESOURCE,
     ("eagle3_assets.resources.vllm", "eagle3_assets.generation.openai_ids"): _BUILT_BY_RESOURCE,
-    ("eagle3_assets.resources.vllm", "eagle3_assets.hidden_states.vllm_extractor"): _BUILT_BY_RESOURCE,
-    ("eagle3_assets.target.sglang_server", "eagle3_assets.testing.sglang_cpu"):
-        "SGLang's CPU support moves out of testing/ with its engine into eagle3_assets/engines/sglang/",
 }
 
 

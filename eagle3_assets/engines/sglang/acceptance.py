@@ -1,6 +1,6 @@
 """A drafter's acceptance measured by SGLang's own EAGLE-3 worker serving the drafter's SGLang export.
 
-The SGLang counterpart of :mod:`eagle3_assets.drafter.vllm_acceptance`. A server started with
+The SGLang counterpart of :mod:`eagle3_assets.engines.vllm.acceptance`. A server started with
 ``--speculative-algorithm EAGLE3 --speculative-draft-model-path <export>`` (top-k 1, ``k`` steps,
 ``k + 1`` draft tokens) decodes the prompts greedily through ``/generate``; each reply's
 ``meta_info`` carries SGLang's per-request counters: ``spec_verify_ct`` (verification steps),
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from eagle3_assets.drafter.vllm_acceptance import EngineAcceptance
-from eagle3_assets.drafter.vllm_acceptance import compare as engine_compare
+from eagle3_assets.engines.roles import EngineAcceptance
+from eagle3_assets.engines.roles import compare as engine_compare
 
 
 def acceptance_from_meta(metas: Sequence[dict], k: int) -> dict:

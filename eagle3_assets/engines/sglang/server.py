@@ -2,10 +2,10 @@
 
 SGLang lives in its own virtual environment (``make sglang`` builds ``.venv-sglang``): its wheel pins a
 CUDA torch and CUDA-only kernel packages. On a machine without a GPU the server runs SGLang's CPU
-engine (``SGLANG_USE_CPU_ENGINE=1``) with what :mod:`eagle3_assets.testing.sglang_cpu` supplies on its
+engine (``SGLANG_USE_CPU_ENGINE=1``) with what :mod:`eagle3_assets.engines.sglang.cpu` supplies on its
 ``PYTHONPATH``; on a GPU box the same class starts it with ``device="cuda"`` and nothing added.
 
-``python -m eagle3_assets.target.sglang_server --model DIR --port 30000`` starts one in the foreground
+``python -m eagle3_assets.engines.sglang.server --model DIR --port 30000`` starts one in the foreground
 and prints the URL to give the ``sglang`` resource.
 """
 
@@ -20,9 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_assets.target.engines import EngineVersionError, require_supported_sglang
-from eagle3_assets.target.processes import ServerProcess, free_port
-from eagle3_assets.target.vllm_server import PACKAGE_PARENT, ships_code
+from eagle3_assets.engines.process import ServerProcess, free_port
+from eagle3_assets.engines.sglang.versions import require_supported_sglang
+from eagle3_assets.engines.versions import EngineVersionError
+from eagle3_assets.engines.vllm.server import PACKAGE_PARENT, ships_code
 
 
 class SGLangServerError(RuntimeError):
@@ -57,11 +58,11 @@ def check_supported(python: str) -> str:
 
 def serving_problem(version: str, model_dir: Path | str, drafter_dir: Path | str | None = None) -> str | None:
     """Why this SGLang cannot serve the target (and drafter export) before a server starts: a version
-    too old for the target's family or for an MLA drafter (engines.REQUIREMENTS), or a pairing it
+    too old for the target's family or for an MLA drafter (REQUIREMENTS in engines/sglang/versions.py), or a pairing it
     cannot serve."""
     import json
 
-    from eagle3_assets.target.engines import mla_draft_problem, pairing_problem, version_problem
+    from eagle3_assets.engines.versions import mla_draft_problem, pairing_problem, version_problem
 
     if drafter_dir is None:
         return None
@@ -134,12 +135,12 @@ class SGLangServer(ServerProcess):
             return ["--attention-backend", self.attention_backend]
         # SGLang swaps a base ``--attention-backend intel_amx`` for torch_native on a CPU without AMX
         # (overrides._attention_backend_platform_fallbacks); the split prefill/decode settings it reads
-        # first are left as given, and its CPU kernels are the project's (testing/sglang_cpu), not AMX's.
+        # first are left as given, and its CPU kernels are the project's (engines/sglang/cpu), not AMX's.
         return ["--attention-backend", "torch_native", "--prefill-attention-backend", "intel_amx",
                 "--decode-attention-backend", "intel_amx"]
 
     def environment(self) -> dict:
-        from eagle3_assets.testing.sglang_cpu import server_environment
+        from eagle3_assets.engines.sglang.cpu import server_environment
 
         work = Path(self.workdir)
         env = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}

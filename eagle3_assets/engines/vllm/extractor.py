@@ -1,6 +1,6 @@
 """Hidden states through a running vLLM server (its ``extract_hidden_states`` speculative method).
 
-The server (``python -m eagle3_assets.target.vllm_server extract``) runs the target and, per
+The server (``python -m eagle3_assets.engines.vllm.server extract``) runs the target and, per
 request, a KV connector writes ``<storage>/<request id>.safetensors`` holding ``token_ids`` [S] and
 ``hidden_states`` [S, n_layers, H] (float32, layers in ascending id order), after the response is
 sent, while it holds an exclusive lock on ``<file>.lock``. This client sends each corpus sequence as the prompt (token ids
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from eagle3_assets.hidden_states.extractors import Features, check_features, check_rows
+from eagle3_assets.engines.roles import Features, check_features, check_rows
 from eagle3_assets.target import layers as hidden_layers
 from eagle3_assets.target.config import read_config, text_config
 
@@ -236,7 +236,7 @@ class VLLMExtractor:
         path = params.get("hidden_states_path")
         if not path:
             raise VLLMExtractionError("the reply carries no kv_transfer_params.hidden_states_path: the server was not "
-                                      "started for extraction (python -m eagle3_assets.target.vllm_server extract)")
+                                      "started for extraction (python -m eagle3_assets.engines.vllm.server extract)")
         path = Path(path)
         try:
             wait_unlocked(path, self.file_timeout_s)
