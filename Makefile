@@ -95,7 +95,7 @@ vllm:
 # CUDA-only kernel packages. The environment holds torch 2.13.0+cpu, the wheel's pure-Python
 # requirements (requirements/sglang-cpu.txt, --no-deps), sglang and torchvision without their
 # requirements, and sgl_kernel's Python from the sglang-kernel wheel without its CUDA libraries.
-# What SGLang still needs to import and run on a CPU (eagle3_assets/testing/sglang_cpu) goes on a
+# What SGLang still needs to import and run on a CPU (eagle3_assets/engines/sglang/cpu) goes on a
 # server's PYTHONPATH when the project starts one. Cached outside the checkout, linked as .venv-sglang.
 SGLANG_SPEC := sglang==0.5.23
 SGLANG_KERNEL_SPEC := sglang-kernel==0.4.10

@@ -137,8 +137,8 @@ def main() -> None:
     args = ap.parse_args()
     from benchmarks.results import record
     from benchmarks.tool_calls import kimi_mini_target, reconstruction
+    from eagle3_assets.loopback.tool_replies import MALFORMED
     from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.testing.loopback.tool_replies import MALFORMED
 
     kimi, tok = kimi_mini_target()
     model = EmbeddedModel(kimi, tokenizer=tok)

@@ -41,6 +41,7 @@ from results import record  # noqa: E402
 from eagle3_assets.drafter.recipes import load_recipe  # noqa: E402
 from eagle3_assets.drafter.training.config import ExportSettings, RuntimeSettings, TrainJob  # noqa: E402
 from eagle3_assets.paths import BUNDLED, REPO_ROOT, DataLayout  # noqa: E402
+from eagle3_assets.target.ref import TargetRef  # noqa: E402
 
 
 def generated_data(model, datasets: list[str], per_dataset: int, eval_per_dataset: int, max_new_tokens: int):
@@ -203,7 +204,8 @@ def main() -> None:
         for copies in (1, args.scale):
             dirs = write_corpus(root, feats, layer_ids, copies * args.base_copies)
             for mode in ("stream", "memory"):
-                job = TrainJob(target_dir=str(model_dir), out_dir=str(root / f"out-{copies}-{mode}"), datasets=dirs,
+                job = TrainJob(target=TargetRef(model_dir=str(model_dir)), out_dir=str(root / f"out-{copies}-{mode}"),
+                               datasets=dirs,
                                training=recipe.training.model_copy(update={"max_steps": args.steps, "epochs": None,
                                                                            "warmup_steps": 0}),
                                shape=recipe.shape, runtime=RuntimeSettings(threads=args.threads, progress=False),

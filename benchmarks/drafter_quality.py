@@ -94,6 +94,7 @@ def fit_row(root: Path, name: str, threads: int, piece_steps: int) -> dict:
     from eagle3_assets.drafter.training.config import ExportSettings, RuntimeSettings, TrainJob
     from eagle3_assets.paths import DataLayout
     from eagle3_assets.target.embedded import ensure_default_model
+    from eagle3_assets.target.ref import TargetRef
 
     layout = DataLayout.from_env()
     recipe = load_recipe(name)
@@ -103,7 +104,7 @@ def fit_row(root: Path, name: str, threads: int, piece_steps: int) -> dict:
     if ckpt is None:
         shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
-    job = TrainJob(target_dir=str(ensure_default_model(layout.models_dir)), out_dir=str(out),
+    job = TrainJob(target=TargetRef(model_dir=str(ensure_default_model(layout.models_dir))), out_dir=str(out),
                    datasets={str(layout.hidden_states_dir(d)): w for d, w in recipe.datasets.items()},
                    training=recipe.training, shape=recipe.shape,
                    runtime=RuntimeSettings(threads=threads, progress=False,
@@ -198,6 +199,7 @@ def speed_once(root: Path, mode: str, steps: int, threads: int) -> dict:
     from eagle3_assets.drafter.training.job import run_job
     from eagle3_assets.paths import DataLayout
     from eagle3_assets.target.embedded import ensure_default_model
+    from eagle3_assets.target.ref import TargetRef
 
     layout = DataLayout.from_env()
     base = write_recipe(root, "today")
@@ -206,7 +208,7 @@ def speed_once(root: Path, mode: str, steps: int, threads: int) -> dict:
     recipe = parse_recipe(base)
     out = root / "speed" / mode
     shutil.rmtree(out, ignore_errors=True)
-    job = TrainJob(target_dir=str(ensure_default_model(layout.models_dir)), out_dir=str(out),
+    job = TrainJob(target=TargetRef(model_dir=str(ensure_default_model(layout.models_dir))), out_dir=str(out),
                    datasets={str(layout.hidden_states_dir(d)): w for d, w in recipe.datasets.items()},
                    training=recipe.training.model_copy(update={"max_steps": steps, "epochs": None}), shape=recipe.shape,
                    runtime=RuntimeSettings(threads=threads, progress=False, packed=mode == "packed"), export=None)

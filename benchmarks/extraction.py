@@ -150,8 +150,8 @@ def run_extraction_benchmark(model, *, sequences: int, length: int, shard_bytes:
     import polars as pl
     import torch
 
+    from eagle3_assets.engines.local.extractor import LocalExtractor
     from eagle3_assets.hidden_states.extract import extract_corpus, plan_batches, verify_shards
-    from eagle3_assets.hidden_states.extractors import LocalExtractor
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -33,8 +33,8 @@ import polars as pl  # noqa: E402
 import torch  # noqa: E402
 from results import record  # noqa: E402
 
+from eagle3_assets.engines.local.extractor import LocalExtractor, forward_only  # noqa: E402
 from eagle3_assets.hidden_states.extract import extract_corpus, plan_batches, verify_shards  # noqa: E402
-from eagle3_assets.hidden_states.extractors import LocalExtractor, forward_only  # noqa: E402
 from eagle3_assets.hidden_states.reader import ShardReader  # noqa: E402
 from eagle3_assets.hidden_states.sizing import bytes_per_token  # noqa: E402
 from eagle3_assets.target.embedded import ensure_default_model  # noqa: E402

@@ -1,6 +1,6 @@
 """Benchmark: the HTTP generation engine at 2,000 in flight against the loopback server.
 
-The server runs in its own process (``python -m eagle3_assets.testing.loopback openrouter --synthetic``:
+The server runs in its own process (``python -m eagle3_assets.loopback openrouter --synthetic``:
 fake ids, a simulated latency per request), so the figures below are the *client's* costs:
 
 * achieved concurrency: mean requests in flight over the gate while samples were waiting
@@ -55,7 +55,7 @@ KEY = "sk-bench-loopback"
 
 
 def start_server(latency: float, jitter: float) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "eagle3_assets.testing.loopback", "openrouter", "--synthetic", "--port", "0",
+    cmd = [sys.executable, "-m", "eagle3_assets.loopback", "openrouter", "--synthetic", "--port", "0",
            "--latency", str(latency), "--latency-jitter", str(jitter), "--api-key", KEY, "--uvloop"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=Path(__file__).resolve().parents[1])

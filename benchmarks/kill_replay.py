@@ -50,11 +50,11 @@ from eagle3_assets.generation.budget import TokenBudget  # noqa: E402
 from eagle3_assets.generation.http_engine import generate_http  # noqa: E402
 from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings  # noqa: E402
+from eagle3_assets.loopback import messages_key  # noqa: E402
+from eagle3_assets.loopback.process import loopback_process  # noqa: E402
 from eagle3_assets.paths import DataLayout, ensure_dagster_home  # noqa: E402
 from eagle3_assets.prompts.reader import Prompt  # noqa: E402
 from eagle3_assets.prompts.table import write_prompt_table  # noqa: E402
-from eagle3_assets.testing.loopback import messages_key  # noqa: E402
-from eagle3_assets.testing.loopback.process import loopback_process  # noqa: E402
 
 KEY = "sk-or-v1-kill-replay-benchmark"
 DATASET = "killed"

@@ -97,7 +97,7 @@ def one(kind: str, path: str) -> None:
     from eagle3_assets.prompts.context import ContextLimit, rendered_lengths
     from eagle3_assets.prompts.reader import PromptReader, read_prompt_file
     from eagle3_assets.target.embedded import ensure_default_model
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     tok = TargetTokenizer.load(ensure_default_model(DataLayout.from_env().models_dir))
     tok.render_prompt([{"role": "user", "content": "warm up"}])

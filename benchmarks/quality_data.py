@@ -24,11 +24,11 @@ def make_data(root: Path, prompts: Path, names: list[str], *, backend: str, max_
     layout = DataLayout.from_env()
     ensure_dagster_home(layout)
     from eagle3_assets.definitions import ALL_ASSETS, ALL_CHECKS, DATA_ASSETS, default_resources
+    from eagle3_assets.engines.vllm.server import VLLMServer
     from eagle3_assets.launch import materialize_selection
     from eagle3_assets.partitions import datasets_partitions
     from eagle3_assets.resources import VLLMResource
     from eagle3_assets.target.embedded import ensure_default_model
-    from eagle3_assets.target.vllm_server import VLLMServer
 
     instance = dg.DagsterInstance.get()
     known = set(instance.get_dynamic_partitions(datasets_partitions.name))

@@ -122,10 +122,10 @@ def vllm_row(root: Path, name: str, ev: dict) -> dict:
     acceptance on the same held-out prompts, decoded as long as the project's evaluator did."""
     from eagle3_assets.drafter.evaluate import eval_prompts
     from eagle3_assets.drafter.recipes import load_recipe
-    from eagle3_assets.drafter.vllm_acceptance import measure_acceptance
+    from eagle3_assets.engines.vllm.acceptance import measure_acceptance
+    from eagle3_assets.engines.vllm.server import VLLMServer, vllm_available
     from eagle3_assets.paths import DataLayout
     from eagle3_assets.target.embedded import ensure_default_model
-    from eagle3_assets.target.vllm_server import VLLMServer, vllm_available
 
     if not vllm_available():
         return {"skipped": "no .venv-vllm (make vllm)"}
@@ -151,10 +151,10 @@ def sglang_row(root: Path, name: str, ev: dict) -> dict:
     held-out prompts. Rows whose layout SGLang does not serve (norm before fc) write no SGLang export."""
     from eagle3_assets.drafter.evaluate import eval_prompts
     from eagle3_assets.drafter.recipes import load_recipe
-    from eagle3_assets.drafter.sglang_acceptance import measure_acceptance
+    from eagle3_assets.engines.sglang.acceptance import measure_acceptance
+    from eagle3_assets.engines.sglang.server import SGLangServer, sglang_available
     from eagle3_assets.paths import DataLayout
     from eagle3_assets.target.embedded import ensure_default_model
-    from eagle3_assets.target.sglang_server import SGLangServer, sglang_available
 
     if not sglang_available():
         return {"skipped": "no .venv-sglang (make sglang)"}

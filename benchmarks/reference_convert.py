@@ -85,8 +85,8 @@ def to_speculators(hs_dir: Path | str, out_dir: Path | str, target_dir: Path | s
     first rows only (a smoke run)."""
     from safetensors.torch import save_file
 
-    from eagle3_assets.hidden_states.layers import to_speculators_ids
     from eagle3_assets.hidden_states.reader import ShardReader
+    from eagle3_assets.target.layers import to_speculators_ids
 
     if split == "eval":
         raise ValueError("the eval split is held out: it is never handed to the reference trainer")

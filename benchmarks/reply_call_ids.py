@@ -11,7 +11,7 @@ sequence repeats. The figures do not come from a count the code under test compu
 
 Two kinds of replies are replayed, both from the file: the recorded assistant turns with calls
 (after tool results, i.e. after history calls) and, for each prompt that ends on a user turn, the
-loopback tool-reply writer's reply (:class:`~eagle3_assets.testing.loopback.tool_replies.ToolCaller`),
+loopback tool-reply writer's reply (:class:`~eagle3_assets.loopback.tool_replies.ToolCaller`),
 the calls as a provider's parser reports them. Figures go to ``benchmarks/results/reply_call_ids.json``.
 
 Run: `.venv/bin/python benchmarks/reply_call_ids.py [--traces 200]`.
@@ -62,13 +62,13 @@ def traces(n: int, seed: int = 3) -> list[dict]:
 
 def replies(tok, path: Path):
     """(prompt, provider calls) for every reply replayed from the file."""
+    from eagle3_assets.loopback.tool_replies import ToolCaller
     from eagle3_assets.prompts.build import build_prompt_table
     from eagle3_assets.prompts.context import ContextLimit
     from eagle3_assets.prompts.options import ReadOptions
     from eagle3_assets.prompts.reader import PromptReader
     from eagle3_assets.prompts.table import read_prompt_table
     from eagle3_assets.prompts.turns import conversation_id
-    from eagle3_assets.testing.loopback.tool_replies import ToolCaller
 
     table = path.with_suffix(".parquet")
     build_prompt_table(PromptReader(path, ReadOptions(prompt_per_assistant_turn=True)), tok, ContextLimit(32768, 256),
@@ -96,8 +96,9 @@ def main() -> None:
     ap.add_argument("--traces", type=int, default=200)
     args = ap.parse_args()
     from benchmarks.results import record
-    from eagle3_assets.testing.kimi_tokenizer import build_kimi_test_tokenizer
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer, build_token_row
+    from eagle3_assets.target.tokenizer import TargetTokenizer
+    from eagle3_assets.tokens.rows import build_token_row
+    from tests.support.kimi_tokenizer import build_kimi_test_tokenizer
 
     figures = {}
     with tempfile.TemporaryDirectory() as tmp:

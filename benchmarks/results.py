@@ -3,7 +3,7 @@
 Every benchmark under ``benchmarks/`` prints its figures and, on the same path, calls
 :func:`record`, which writes ``benchmarks/results/<name>.json``: the figures, what was run, and the
 conditions (commit, machine, load, date). A docs table that cites such a file is checked against
-it by ``tests/test_doc_figures.py``, so a figure in the docs cannot differ from the run it cites.
+it by ``tests/unit/project/test_doc_figures.py``, so a figure in the docs cannot differ from the run it cites.
 ``EAGLE3_RESULTS_DIR`` moves the folder (a smoke run need not overwrite the recorded one).
 """
 
@@ -85,7 +85,7 @@ def _cell(value) -> str:
 
 def doc_table(name: str, key_path: str = "", keys: list[str] | None = None) -> str:
     """The tagged Markdown table of a result file's figures at ``key_path`` (``figure | value``
-    for a flat object, one row per key otherwise), as ``tests/test_doc_figures.py`` checks it."""
+    for a flat object, one row per key otherwise), as ``tests/unit/project/test_doc_figures.py`` checks it."""
     path = results_dir() / f"{name}.json"
     obj = json.loads(path.read_text())["figures"]
     for key in filter(None, key_path.split(".")):

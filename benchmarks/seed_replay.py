@@ -52,11 +52,11 @@ from eagle3_assets.generation.dataset_run import prepare_dataset  # noqa: E402
 from eagle3_assets.generation.http_engine import EngineSettings, generate_datasets  # noqa: E402
 from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
 from eagle3_assets.generation.samples import SamplingSettings  # noqa: E402
+from eagle3_assets.loopback.process import loopback_process  # noqa: E402
 from eagle3_assets.paths import DataLayout  # noqa: E402
 from eagle3_assets.prompts.reader import Prompt  # noqa: E402
 from eagle3_assets.prompts.table import write_prompt_table  # noqa: E402
-from eagle3_assets.testing.dagster_dev import dagster_dev  # noqa: E402
-from eagle3_assets.testing.loopback.process import loopback_process  # noqa: E402
+from tests.support.dagster_dev import dagster_dev  # noqa: E402
 
 KEY = "sk-or-v1-seed-replay-benchmark"
 FAULTS = "429=0.02,502=0.02,drop=0.01,billed_drop=0.01,heartbeat=0.05"

@@ -2,7 +2,7 @@
 worker (its per-request counters) and vLLM's (its /metrics counters), serving exports of the same
 float32 weights next to the SmolLM2 target (needs ``make sglang``; the vLLM figure also ``make vllm``).
 
-The drafter is the small one tests use (``eagle3_assets.testing.small_drafter``: 40 steps on the
+The drafter is the small one tests use (``tests.support.small_drafter``: 40 steps on the
 target's own answers to 16 questions), k=3 chain, greedy. ``--target kimi-mini`` does the same for
 Kimi-K2.5's architecture: kimi-mini served as ``KimiK25ForConditionalGeneration`` with an MLA drafter
 (``Eagle3DeepseekV2ForCausalLM`` in both engines). Prints the figures and records them in
@@ -39,22 +39,23 @@ def main(argv=None) -> None:
 
     import torch
 
-    from eagle3_assets.drafter import sglang_acceptance, vllm_acceptance
     from eagle3_assets.drafter.export import export_sglang, export_vllm, load_sglang
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
     from eagle3_assets.drafter.target_weights import read_target_embeddings
+    from eagle3_assets.engines.sglang import acceptance as sglang_acceptance
+    from eagle3_assets.engines.sglang.server import SGLangServer
+    from eagle3_assets.engines.vllm import acceptance as vllm_acceptance
+    from eagle3_assets.engines.vllm.server import VLLMServer, vllm_available
     from eagle3_assets.paths import DataLayout
     from eagle3_assets.target.embedded import EmbeddedModel, ensure_default_model
-    from eagle3_assets.target.sglang_server import SGLangServer
-    from eagle3_assets.target.vllm_server import VLLMServer, vllm_available
-    from eagle3_assets.testing import small_drafter
+    from tests.support import small_drafter
 
     torch.set_num_threads(1)  # the other core is the server's
     models = DataLayout.from_env().models_dir
     kimi = args.target == "kimi-mini"
     if kimi:
         from eagle3_assets.target.kimi_mini import ensure_kimi_mini
-        from eagle3_assets.tokens.tokenizer import TargetTokenizer
+        from eagle3_assets.target.tokenizer import TargetTokenizer
 
         model_dir = ensure_kimi_mini(models)
         embedded = EmbeddedModel(model_dir, tokenizer=TargetTokenizer.load(model_dir, trust_remote_code=True))

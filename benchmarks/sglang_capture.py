@@ -26,12 +26,12 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from results import record  # noqa: E402
 
-from eagle3_assets.hidden_states.extractors import LocalExtractor  # noqa: E402
+from eagle3_assets.engines.local.extractor import LocalExtractor  # noqa: E402
+from eagle3_assets.engines.sglang.cpu import server_environment  # noqa: E402
+from eagle3_assets.engines.sglang.server import default_python  # noqa: E402
 from eagle3_assets.paths import BUNDLED, DataLayout  # noqa: E402
 from eagle3_assets.prompts.reader import read_prompt_file  # noqa: E402
 from eagle3_assets.target.embedded import EmbeddedModel, ensure_default_model  # noqa: E402
-from eagle3_assets.target.sglang_server import default_python  # noqa: E402
-from eagle3_assets.testing.sglang_cpu import server_environment  # noqa: E402
 
 LAYERS = [1, 14, 27]
 
@@ -60,7 +60,7 @@ def main() -> None:
         env = server_environment()
         env["PYTHONPATH"] += os.pathsep + str(ROOT)
         env["SGLANG_USE_CPU_ENGINE"] = "1"
-        subprocess.run([default_python(), "-m", "eagle3_assets.testing.sglang_cpu.run_capture", str(spec), str(out)],
+        subprocess.run([default_python(), "-m", "eagle3_assets.engines.sglang.cpu.run_capture", str(spec), str(out)],
                        env=env, check=True, capture_output=True)
         got = torch.load(out)
     diff = {k: (got[k].float() - local[k]).abs().max().item() for k in ("aux", "last")}

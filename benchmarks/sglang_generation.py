@@ -25,11 +25,11 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 from results import record  # noqa: E402
 
+from eagle3_assets.engines.sglang.server import SGLangServer, installed_version  # noqa: E402
+from eagle3_assets.engines.vllm.server import VLLMServer, vllm_available  # noqa: E402
 from eagle3_assets.paths import BUNDLED, DataLayout  # noqa: E402
 from eagle3_assets.prompts.reader import read_prompt_file  # noqa: E402
 from eagle3_assets.target.embedded import EmbeddedModel, ensure_default_model  # noqa: E402
-from eagle3_assets.target.sglang_server import SGLangServer, installed_version  # noqa: E402
-from eagle3_assets.target.vllm_server import VLLMServer, vllm_available  # noqa: E402
 
 FIGURES: dict = {}
 

@@ -1,6 +1,6 @@
 """What running a GPU stage as a SLURM job costs over running it in the step, measured side by side.
 
-Starts a private one-node SLURM (``eagle3_assets.testing.slurm_cluster``; root, Debian's slurm-wlm
+Starts a private one-node SLURM (``tests.support.slurm_cluster``; root, Debian's slurm-wlm
 and munge), builds a corpus of ``--prompts`` prompts with the embedded model, then materializes
 ``hidden_states`` alternately in the step (``launcher: local``, the yardstick) and as a SLURM job
 (``launcher: slurm``), ``--repeats`` times each, from scratch every time. Prints per launch: the
@@ -33,7 +33,7 @@ import dagster as dg  # noqa: E402
 from results import record  # noqa: E402
 
 from eagle3_assets.paths import DataLayout  # noqa: E402
-from eagle3_assets.testing.slurm_cluster import local_slurm  # noqa: E402
+from tests.support.slurm_cluster import local_slurm  # noqa: E402
 
 
 def prompts(n: int) -> list[dict]:

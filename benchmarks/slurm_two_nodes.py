@@ -1,5 +1,5 @@
 """Two SLURM nodes next to one: the same extraction and the same training job on a private one-node
-cluster and on the two-namespace cluster (``eagle3_assets.testing.slurm_two_nodes``), side by side.
+cluster and on the two-namespace cluster (``tests.support.slurm_two_nodes``), side by side.
 
 Builds a corpus of ``--prompts`` prompts with the embedded model, then, each as a SLURM job:
 
@@ -47,8 +47,8 @@ from slurm_launch import prompts  # noqa: E402
 from eagle3_assets.definitions import ALL_ASSETS, default_resources  # noqa: E402
 from eagle3_assets.paths import DataLayout  # noqa: E402
 from eagle3_assets.resources import DatasetSettings  # noqa: E402
-from eagle3_assets.testing.slurm_cluster import local_slurm  # noqa: E402
-from eagle3_assets.testing.slurm_two_nodes import two_node_slurm  # noqa: E402
+from tests.support.slurm_cluster import local_slurm  # noqa: E402
+from tests.support.slurm_two_nodes import two_node_slurm  # noqa: E402
 
 RECIPE = """
 description = "two-node benchmark"

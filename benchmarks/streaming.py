@@ -35,12 +35,12 @@ import torch  # noqa: E402
 from results import record  # noqa: E402
 
 from eagle3_assets.drafter.training.job import run_job  # noqa: E402
+from eagle3_assets.engines.local.extractor import LocalExtractor  # noqa: E402
 from eagle3_assets.hidden_states.extract import extract_corpus  # noqa: E402
-from eagle3_assets.hidden_states.extractors import LocalExtractor  # noqa: E402
 from eagle3_assets.hidden_states.spool.plan import build_plan, write_plan  # noqa: E402
 from eagle3_assets.hidden_states.spool.preflight import stream_preflight  # noqa: E402
 from eagle3_assets.target.embedded import ensure_default_model  # noqa: E402
-from tests.streaming_helpers import (  # noqa: E402
+from tests.support.streaming import (  # noqa: E402
     LAYER_IDS,
     Sampler,
     filesystem_bytes,

@@ -80,9 +80,9 @@ def prompts_pass(tok, path: Path, out: Path) -> tuple[float, float, int]:
 
 def reconstruction(tok, model, prompts, batch: int = 16, malform: str | None = None) -> dict:
     from eagle3_assets.generation.samples import SampleRequest
-    from eagle3_assets.testing.loopback.tool_replies import ToolCaller
-    from eagle3_assets.tokens.tokenizer import build_token_row
-    from eagle3_assets.tokens.tool_calls import KimiFormat
+    from eagle3_assets.loopback.tool_replies import ToolCaller
+    from eagle3_assets.target.tool_calls import KimiFormat
+    from eagle3_assets.tokens.rows import build_token_row
 
     caller, rows = ToolCaller(tok, malform), []
     for i in range(0, len(prompts), batch):
@@ -120,7 +120,7 @@ def kimi_mini_target():
     from eagle3_assets.paths import DataLayout
     from eagle3_assets.target.embedded import set_threads
     from eagle3_assets.target.kimi_mini import ensure_kimi_mini
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     set_threads(2)
     kimi = ensure_kimi_mini(DataLayout.from_env().models_dir)

@@ -69,8 +69,8 @@ def make_target(path: Path, text: dict, seed: int = 0) -> Path:
 def make_shards(path: Path, text: dict, samples: int, length: int, seed: int = 0) -> Path:
     """``samples`` random sequences of ``length`` tokens (loss on the last two thirds), written by
     the project's shard writer in bf16."""
-    from eagle3_assets.hidden_states.layers import resolve_layer_ids
     from eagle3_assets.hidden_states.write import write_samples
+    from eagle3_assets.target.layers import resolve_layer_ids
 
     g = torch.Generator().manual_seed(seed)
     h, layers = text["hidden_size"], text["num_hidden_layers"]
@@ -94,11 +94,12 @@ def make_shards(path: Path, text: dict, samples: int, length: int, seed: int = 0
 def make_job(tmp: Path, shape: str, *, samples: int, length: int, batch: int, ttt: int, draft_vocab: int,
              attention: str, steps: int, threads: int):
     from eagle3_assets.drafter.training.config import DraftShape, RuntimeSettings, TrainJob, TrainSettings
+    from eagle3_assets.target.ref import TargetRef
 
     text = SHAPES[shape]
     target = make_target(tmp / "target", text)
     shards = make_shards(tmp / "shards", text, samples, length)
-    return TrainJob(target_dir=str(target), out_dir=str(tmp / "run"), datasets={str(shards): 1.0},
+    return TrainJob(target=TargetRef(model_dir=str(target)), out_dir=str(tmp / "run"), datasets={str(shards): 1.0},
                     training=TrainSettings(max_steps=steps, ttt_steps=ttt, step_loss_decay=1.0, batch_size=batch,
                                            max_length=length, checkpoint_every=10**6, lr=1e-4),
                     shape=DraftShape(draft_vocab_size=draft_vocab, attention=attention, engines=("vllm",)),
@@ -122,8 +123,8 @@ def bare_loop(job, steps: int, warmup: int) -> dict:
     batches = list(ShardBatches(dataset, s.batch_size, seed=s.seed).epoch(0))
     with torch.device(device):
         model = Eagle3Drafter(cfg)
-    model.init_weights(s.seed).set_embeddings(read_target_embeddings(job.target_dir)).set_vocab_map(vmap)
-    head = read_target_lm_head(job.target_dir).to(device, dtype)
+    model.init_weights(s.seed).set_embeddings(read_target_embeddings(job.target.model_dir)).set_vocab_map(vmap)
+    head = read_target_lm_head(job.target.model_dir).to(device, dtype)
     draft_head = head[vmap.target_ids.to(device)]
     t2d = vmap.t2d.to(device)
     params = [p for p in model.parameters() if p.requires_grad]

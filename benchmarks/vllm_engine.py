@@ -30,11 +30,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from results import record  # noqa: E402
 
+from eagle3_assets.engines.local.extractor import LocalExtractor  # noqa: E402
+from eagle3_assets.engines.vllm.extractor import VLLMExtractor, vllm_layer_ids  # noqa: E402
+from eagle3_assets.engines.vllm.server import VLLMServer, vllm_available  # noqa: E402
 from eagle3_assets.hidden_states.extract import plan_batches  # noqa: E402
-from eagle3_assets.hidden_states.extractors import LocalExtractor  # noqa: E402
-from eagle3_assets.hidden_states.vllm_extractor import VLLMExtractor, vllm_layer_ids  # noqa: E402
 from eagle3_assets.target.embedded import ensure_default_model  # noqa: E402
-from eagle3_assets.target.vllm_server import VLLMServer, vllm_available  # noqa: E402
 
 LAYER_IDS = [1, 14, 26]
 
@@ -109,7 +109,8 @@ def extraction(model_dir: Path, args) -> None:
 
 
 def acceptance(model_dir: Path, args) -> None:
-    from eagle3_assets.drafter.vllm_acceptance import compare, measure_acceptance, measure_recipe
+    from eagle3_assets.drafter.vllm_acceptance import measure_recipe
+    from eagle3_assets.engines.vllm.acceptance import compare, measure_acceptance
 
     if args.recipe:
         print(f"\n== acceptance of recipe {args.recipe!r}: vLLM vs the project's evaluator (eval.json)")
@@ -120,7 +121,7 @@ def acceptance(model_dir: Path, args) -> None:
     from eagle3_assets.drafter.export import load_vllm
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
     from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.testing.small_drafter import HELD_OUT, train_small_drafter
+    from tests.support.small_drafter import HELD_OUT, train_small_drafter
 
     embedded = EmbeddedModel(model_dir)
     with tempfile.TemporaryDirectory() as tmp:

@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from results import record  # noqa: E402
 
+from eagle3_assets.engines.vllm.server import VLLMServer, vllm_available  # noqa: E402
 from eagle3_assets.target.kimi_mini import ensure_kimi_mini  # noqa: E402
-from eagle3_assets.target.vllm_server import VLLMServer, vllm_available  # noqa: E402
 
 LAYER_IDS = [1, 2, 3]
 
@@ -99,8 +99,8 @@ def generation(kimi, questions: list[str], args) -> None:
 
 def extraction(kimi, questions: list[str], args) -> None:
     from eagle3_assets.drafter.spec_decode import greedy_generate
-    from eagle3_assets.hidden_states.extractors import LocalExtractor
-    from eagle3_assets.hidden_states.vllm_extractor import VLLMExtractor, vllm_layer_ids
+    from eagle3_assets.engines.local.extractor import LocalExtractor
+    from eagle3_assets.engines.vllm.extractor import VLLMExtractor, vllm_layer_ids
 
     prompts = [kimi.render_prompt([{"role": "user", "content": q}]) for q in questions]
     rows = [p + greedy_generate(kimi.model, p, max_new_tokens=args.max_new_tokens, stop_ids=kimi.stop_ids)
@@ -139,8 +139,8 @@ def extraction(kimi, questions: list[str], args) -> None:
 def drafters(kimi, train_q: list[str], eval_q: list[str], args) -> None:
     from eagle3_assets.drafter.export import load_vllm
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
-    from eagle3_assets.drafter.vllm_acceptance import compare, measure_acceptance
-    from eagle3_assets.testing.small_drafter import answer_features, export_vllm_float, train_on_features
+    from eagle3_assets.engines.vllm.acceptance import compare, measure_acceptance
+    from tests.support.small_drafter import answer_features, export_vllm_float, train_on_features
 
     prompts = [kimi.render_prompt([{"role": "user", "content": q}]) for q in eval_q]
     greedy = [greedy_generate(kimi.model, p, max_new_tokens=args.max_new_tokens, stop_ids=kimi.stop_ids) for p in prompts]
@@ -188,7 +188,7 @@ def main() -> int:
         print("no vLLM environment: run `make vllm` first", file=sys.stderr)
         return 2
     from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     model_dir = ensure_kimi_mini(Path(os.environ.get("EAGLE3_MODEL_CACHE") or ROOT / "data" / "models"))
     kimi = EmbeddedModel(model_dir, tokenizer=TargetTokenizer.load(model_dir, trust_remote_code=True))

@@ -5,7 +5,7 @@ import dagster as dg
 
 class SGLangResource(dg.ConfigurableResource):
     """``POST /generate`` with locally rendered prompt ids; ``output_ids`` kept as returned.
-    Start the servers outside Dagster (or try `python -m eagle3_assets.testing.loopback sglang`).
+    Start the servers outside Dagster (or try `python -m eagle3_assets.loopback sglang`).
 
     ``skip_special_tokens``, ``spaces_between_special_tokens`` and ``no_stop_trim`` are SGLang's
     sampling options that shape the returned ``text`` (never ``output_ids``). The text is only
@@ -20,7 +20,7 @@ class SGLangResource(dg.ConfigurableResource):
     api_key: str = ""  # only if the server was started with --api-key
     health_check: bool = True
     # SGLang before 0.5.23 could leak the prompt tail into output_ids (sgl-project/sglang#10896); the
-    # supported 0.5.23 does not (tests/test_sglang_engine.py), so the repair is for older servers only
+    # supported 0.5.23 does not (tests/integration/sglang/test_sglang_engine.py), so the repair is for older servers only
     repair_prefix_bug: bool = False
     max_in_flight_per_url: int = 256
     connections_per_client: int = 10

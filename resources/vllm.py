@@ -4,14 +4,14 @@ import dagster as dg
 
 
 class VLLMResource(dg.ConfigurableResource):
-    """Two kinds of server, started outside Dagster (``python -m eagle3_assets.target.vllm_server``):
+    """Two kinds of server, started outside Dagster (``python -m eagle3_assets.engines.vllm.server``):
 
     - ``base_urls``: servers for generation (``/v1/chat/completions`` with ``return_token_ids``);
       ``endpoint: completions`` sends the locally rendered prompt ids instead of messages.
     - ``extraction_urls``: a server started for hidden-state extraction (the
       ``extract_hidden_states`` speculative method and a KV connector writing safetensors files);
       this process reads the files at the paths the server returns, so both must see the same
-      filesystem.
+      filesystem (the vLLM engine's extract role, ``eagle3_assets/engines/vllm/roles.py``, reaches them).
 
     The model asked for is the target's ``served_name`` when the server lists it, else the one
     model the server serves (the target resource is the only place the model is named).
@@ -40,12 +40,3 @@ class VLLMResource(dg.ConfigurableResource):
         from eagle3_assets.generation.http_config import ClientConfig
 
         return ClientConfig(connections_per_client=self.connections_per_client, read_timeout_s=self.read_timeout_s)
-
-    def extractor(self, spec, layer_ids=None):
-        """A :class:`~eagle3_assets.hidden_states.vllm_extractor.VLLMExtractor` for the target ``spec``."""
-        from eagle3_assets.hidden_states.vllm_extractor import VLLMExtractor
-
-        return VLLMExtractor(self.extraction_urls, spec.model_dir, layer_ids=layer_ids,
-                             preferred_model=spec.served_name,
-                             api_key=self.api_key or None, concurrency=self.extraction_concurrency,
-                             read_timeout_s=self.read_timeout_s, target=spec.identity)

@@ -22,13 +22,13 @@ os.environ["EAGLE3_MODEL_CACHE"] = str(MODEL_CACHE)
 
 
 def _vllm() -> str | None:
-    from eagle3_assets.target.vllm_server import default_python, vllm_available
+    from eagle3_assets.engines.vllm.server import default_python, vllm_available
 
     return default_python() if vllm_available() else None
 
 
 def _sglang() -> str | None:
-    from eagle3_assets.target.sglang_server import default_python, sglang_available
+    from eagle3_assets.engines.sglang.server import default_python, sglang_available
 
     return default_python() if sglang_available() else None
 
@@ -58,13 +58,13 @@ def _gpu() -> str | None:
 
 
 def _slurm() -> str | None:
-    from eagle3_assets.testing.slurm_cluster import missing_binaries
+    from tests.support.slurm_cluster import missing_binaries
 
     return None if missing_binaries() else shutil.which("slurmctld")
 
 
 def _slurm_missing() -> str:
-    from eagle3_assets.testing.slurm_cluster import missing_binaries
+    from tests.support.slurm_cluster import missing_binaries
 
     return f"SLURM is not installed ({', '.join(missing_binaries())}): apt-get install slurm-wlm munge"
 
@@ -138,7 +138,7 @@ def _skip_or_fail(reason: str):
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """munged, slurmctld and slurmd under a private folder; SLURM_CONF points every command at them."""
-    from eagle3_assets.testing.slurm_cluster import SlurmClusterError, missing_binaries, start, stop
+    from tests.support.slurm_cluster import SlurmClusterError, missing_binaries, start, stop
 
     if missing_binaries():
         _skip_or_fail(_slurm_missing())
@@ -175,7 +175,7 @@ def kimi_mini_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def target_tokenizer(model_dir):
-    from eagle3_assets.tokens.tokenizer import TargetTokenizer
+    from eagle3_assets.target.tokenizer import TargetTokenizer
 
     return TargetTokenizer.load(model_dir)
 
@@ -213,7 +213,7 @@ def small_prompts(n: int, prefix: str = "q") -> list[dict]:
 @pytest.fixture
 def serve():
     """Start loopback servers in threads (``serve(app)`` returns one); all are stopped at the end."""
-    from eagle3_assets.testing.loopback import serve_in_thread
+    from eagle3_assets.loopback import serve_in_thread
 
     started = []
 

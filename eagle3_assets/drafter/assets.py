@@ -17,6 +17,7 @@ from eagle3_assets.hidden_states.assets import hidden_states
 from eagle3_assets.launchers import Launch, LauncherName, forwarded_env, open_launcher
 from eagle3_assets.metadata import md_table
 from eagle3_assets.resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource
+from eagle3_assets.target.ref import TargetRef
 
 recipe_partitions = dg.StaticPartitionsDefinition(list_recipes() or ["demo"])
 
@@ -113,9 +114,8 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     else:
         sizes = train_split_sizes(layout, recipe.datasets, spec)
     samples = sum(w * sizes[d] for d, w in recipe.datasets.items())
-    model_dir = spec.model_dir
     job = TrainJob(
-        target_dir=str(model_dir), out_dir=str(out),
+        target=TargetRef.of(spec), out_dir=str(out),
         datasets={} if stream else {str(layout.hidden_states_dir(d)): float(w) for d, w in recipe.datasets.items()},
         stream=stream,
         training=recipe.training, shape=recipe.shape,
@@ -154,7 +154,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     prompts = eval_prompts(layout, recipe.datasets, recipe.evaluation.eval_samples)
     if not prompts:
         raise ValueError(f"recipe {recipe.name}: its datasets have no held-out (eval) samples to measure acceptance on")
-    evaluation = evaluate_drafter(model_dir, out, prompts, recipe, spec.stop_token_ids())
+    evaluation = evaluate_drafter(spec.model_dir, out, prompts, recipe, spec.stop_token_ids())
     (out / "eval.json").write_text(json.dumps(evaluation, indent=2))
     t, u = evaluation["trained"], evaluation["untrained"]
     context.log.info(f"acceptance length {t['acceptance_length']:.3f} (untrained {u['acceptance_length']:.3f}) "

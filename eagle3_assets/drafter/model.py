@@ -86,9 +86,10 @@ class DrafterConfig:
         scaling) is the target's; for an MLA target (DeepSeek-V3 / Kimi) whose ``head_dim`` means
         the rope width, the drafter's Llama heads are ``v_head_dim`` wide; ``attention="mla"``
         gives the drafter the target's own MLA shape instead."""
-        from eagle3_assets.hidden_states.layers import resolve_layer_ids
+        from eagle3_assets.target.config import text_config
+        from eagle3_assets.target.layers import resolve_layer_ids
 
-        text = target.get("text_config") or target
+        text = text_config(target)
         heads = int(text["num_attention_heads"])
         rope = text.get("rope_parameters") or {}
         theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))

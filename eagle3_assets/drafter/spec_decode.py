@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eagle3_assets.drafter.model import Eagle3Drafter, KVCache, build_drafter
-from eagle3_assets.hidden_states.layers import hf_hidden_states_index
+from eagle3_assets.target.layers import hf_hidden_states_index
 
 # ----------------------------------------------------------------------------- target features
 

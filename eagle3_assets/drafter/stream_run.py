@@ -21,6 +21,7 @@ from pathlib import Path
 from eagle3_assets.hidden_states.spool.produce import CAPTURES, ProducerJob
 from eagle3_assets.hidden_states.spool.settings import StreamSettings
 from eagle3_assets.hidden_states.spool.store import tree_bytes
+from eagle3_assets.target.ref import TargetRef
 
 
 def stream_settings_for(layout, recipe, config) -> StreamSettings:
@@ -45,7 +46,7 @@ class StreamRun:
         self.context, self.settings, self.out, self.n = context, settings, Path(out) / "stream", producers
         self.spool = Path(settings.spool_dir)
         spec = target.spec()
-        self.job = dict(spool_dir=settings.spool_dir, model_path=str(spec.model_dir), target=spec.identity,
+        self.job = dict(spool_dir=settings.spool_dir, target=TargetRef.of(spec),
                         device=target.device, model_dtype=target.dtype, threads=getattr(target, "threads", 0) or 0)
         self.procs: list[subprocess.Popen] = []
         self.peak = 0

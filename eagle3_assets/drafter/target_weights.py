@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from eagle3_assets.target.config import read_config, text_config
+
 # Where checkpoints keep the input embedding and the output head: plain causal LMs, the original
 # multimodal layout (Kimi-K2.5: language_model.model.*, language_model.lm_head) and transformers'
 # own multimodal layout (model.language_model.*).
@@ -17,10 +19,6 @@ EMBEDDING_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "language
 LM_HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight")
 FINAL_NORM_NAMES = ("model.norm.weight", "norm.weight", "language_model.model.norm.weight",
                     "model.language_model.norm.weight")
-
-
-def read_target_config(model_dir: Path) -> dict:
-    return json.loads((Path(model_dir) / "config.json").read_text())
 
 
 def read_target_tensor(model_dir: Path, *names: str) -> torch.Tensor:
@@ -48,10 +46,11 @@ def read_target_embeddings(model_dir: Path) -> torch.Tensor:
     return read_target_tensor(model_dir, *EMBEDDING_NAMES)
 
 
-def read_target_lm_head(model_dir: Path) -> torch.Tensor:
-    """The target's output head [V, H]; the embedding matrix when the target ties them."""
-    cfg = read_target_config(model_dir)
-    text = cfg.get("text_config") or cfg
+def read_target_lm_head(model_dir: Path, config: dict | None = None) -> torch.Tensor:
+    """The target's output head [V, H]; the embedding matrix when the target ties them (``config``: its
+    ``config.json`` when already read)."""
+    cfg = read_config(model_dir) if config is None else config
+    text = text_config(cfg)
     if text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)):
         return read_target_embeddings(model_dir)
     return read_target_tensor(model_dir, *LM_HEAD_NAMES)

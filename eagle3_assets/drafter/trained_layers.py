@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eagle3_assets.hidden_states.layers import CONVENTION_NAME
+from eagle3_assets.target.layers import CONVENTION_NAME
 
 ENGINE_IDS = {"sglang": "sglang_layer_ids", "vllm": "speculators_layer_ids"}  # manifest key per engine numbering
 

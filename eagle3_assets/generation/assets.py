@@ -1,9 +1,11 @@
 """``raw_responses``: the target model's own answers, appended to responses/<dataset>/<source>.jsonl.
 
-Four backends behind one asset: the embedded model in-process (``local``), SGLang servers
-(``sglang``, exact ids), OpenRouter (``openrouter``, text) and any OpenAI-compatible server that
-returns token ids, such as vLLM (``vllm``, exact ids). Every backend resumes by sample
-id across all sources on disk, so a dataset can start on one and finish on another.
+Every engine serving the generate role (``eagle3_assets.engines.ROLES``) behind one asset: the
+embedded model in-process (``local``), SGLang servers (``sglang``, exact ids), OpenRouter
+(``openrouter``, text) and any OpenAI-compatible server that returns token ids, such as vLLM
+(``vllm``, exact ids); the asset asks the registry for the configured one and names none. Every
+backend resumes by sample id across all sources on disk, so a dataset can start on one and finish
+on another.
 
 A backfill runs every selected dataset in one step (``BackfillPolicy.single_run``): the HTTP
 backends then serve all of them through one in-flight gate, each dataset with its own budget,
@@ -14,10 +16,12 @@ generation never waits for it.
 import sys
 import time
 import warnings
+from contextlib import nullcontext
 from typing import Literal
 
 import dagster as dg
 
+from eagle3_assets.engines import engine_names, engine_resources, engine_role
 from eagle3_assets.errors import UserInputError
 from eagle3_assets.generation.admission import POLICIES, AdmissionPolicy
 from eagle3_assets.generation.dataset_run import PreparedDataset, missing_line, prepare_dataset, summarize
@@ -26,17 +30,9 @@ from eagle3_assets.generation.tool_calls import TOOLS_SENT, TOOLS_UNUSED, unused
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.assets import prompts
-from eagle3_assets.resources import (
-    DatasetSettings,
-    OpenRouterResource,
-    SGLangResource,
-    StorageResource,
-    TargetResource,
-    VLLMResource,
-)
 from eagle3_assets.runs import pool_slot
 
-BACKENDS = ("local", "sglang", "openrouter", "vllm")  # the one list: the config's typed choice is built from it
+BACKENDS = engine_names("generate")  # the engines serving generate: the config's typed choice is built from it
 Backend = Literal[BACKENDS]  # a name outside BACKENDS is refused by the config schema, naming them
 SLOW_LOOP_MS = 100.0  # a client loop later than this at p99 is warned about
 
@@ -47,7 +43,7 @@ warnings.filterwarnings("ignore", category=UserWarning, message=".*materializes 
 
 
 class GenerationConfig(dg.Config):
-    backend: Backend = "local"  # "local" (embedded model), "sglang", "openrouter" or "vllm" (OpenAI API + token ids)
+    backend: Backend = "local"  # an engine serving generate: "local" (embedded model), "sglang", "openrouter" or "vllm"
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
@@ -128,37 +124,21 @@ def _metadata(s: dict, store_dir) -> dict:
     backfill_policy=dg.BackfillPolicy.single_run(),
     description="Responses of the target model, resumable by sample id across sources, within the token budget. "
                 "A backfill serves every selected dataset in one step (one in-flight gate for HTTP backends).",
+    # storage, target, dataset_settings and every resource an engine serving generate reads (an engine's
+    # own settings reach its role without this stage naming them)
+    required_resource_keys={"storage", "target", "dataset_settings", *engine_resources("generate")},
 )
-def raw_responses(
-    context: dg.AssetExecutionContext,
-    config: GenerationConfig,
-    storage: StorageResource,
-    target: TargetResource,
-    sglang: SGLangResource,
-    openrouter: OpenRouterResource,
-    vllm: VLLMResource,
-    dataset_settings: DatasetSettings,
-) -> dg.MaterializeResult:
+def raw_responses(context: dg.AssetExecutionContext, config: GenerationConfig) -> dg.MaterializeResult:
     _validate(config)
+    storage, target, dataset_settings = context.resources.storage, context.resources.target, context.resources.dataset_settings
     datasets = list(context.partition_keys)
     layout = storage.layout
     spec = target.spec()
     sampling = SamplingSettings(target=spec.name, temperature=config.temperature, top_p=config.top_p,
                                 seed=config.seed, samples_per_prompt=config.samples_per_prompt)
-    backend = None
-    if config.backend in ("sglang", "vllm"):
-        tok = target.load_tokenizer()
-        stops = [tok.end_of_turn_id]  # the template's turn end: K2.5's eos_token_id is not it
-    if config.backend == "sglang":
-        backend, client_cfg, limit = (sglang.backend(tok.render_prompt, stop_token_ids=stops,
-                                                     parse_tool_calls=tok.parse_tool_calls),
-                                      sglang.client_config(), config.concurrency or sglang.default_in_flight())
-    elif config.backend == "openrouter":
-        backend, client_cfg, limit = (openrouter.backend(spec.served_name), openrouter.client_config(),
-                                      config.concurrency or openrouter.default_in_flight())
-    elif config.backend == "vllm":
-        backend, client_cfg, limit = (vllm.backend(tok.render_prompt, spec.served_name, stop_token_ids=stops),
-                                      vllm.client_config(), config.concurrency or vllm.default_in_flight())
+    engine = engine_role("generate", config.backend)
+    http = None if engine.in_process else engine.http(context.resources, spec, target.load_tokenizer, config.concurrency)
+    backend = http.backend if http is not None else None
     preps = []
     for ds in datasets:
         policy = AdmissionPolicy(config.budget_policies.get(ds, config.budget_policy))
@@ -175,14 +155,11 @@ def raw_responses(
         preps.append(p)
 
     run = None
-    if config.backend == "local":
-        with pool_slot(context, "gpu"):
+    with pool_slot(context, "gpu") if engine.gpu else nullcontext():  # an engine on this deployment's GPUs
+        if engine.in_process:
             summaries = _run_local(context, config, target.load_model(), preps, sampling)
-    elif config.backend in ("sglang", "vllm"):  # servers on this deployment's GPUs
-        with pool_slot(context, "gpu"):
-            summaries, run = _run_http(context, config, backend, client_cfg, limit, preps, sampling)
-    else:
-        summaries, run = _run_http(context, config, backend, client_cfg, limit, preps, sampling)
+        else:
+            summaries, run = _run_http(context, config, backend, http.client, http.in_flight, preps, sampling)
 
     for p in preps:
         s = summaries[p.dataset]

@@ -20,7 +20,8 @@ from eagle3_assets.generation.http_config import Prices
 from eagle3_assets.generation.http_report import BackendUnavailable
 from eagle3_assets.generation.response_store import now_iso
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
-from eagle3_assets.generation.tool_calls import reply_calls, tool_flags
+from eagle3_assets.generation.tool_calls import tool_flags
+from eagle3_assets.target.tool_calls import reply_calls
 
 FINISH = {"stop": "stop", "eos": "stop", "end_turn": "stop", "stop_sequence": "stop", "tool_calls": "stop",
           "function_call": "stop", "length": "length", "max_tokens": "length"}

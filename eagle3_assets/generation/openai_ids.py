@@ -37,7 +37,8 @@ from eagle3_assets.generation.classify import Outcome, classify, parse_json
 from eagle3_assets.generation.http_report import BackendUnavailable
 from eagle3_assets.generation.response_store import now_iso
 from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
-from eagle3_assets.generation.tool_calls import reply_calls, tool_flags
+from eagle3_assets.generation.tool_calls import tool_flags
+from eagle3_assets.target.tool_calls import reply_calls
 
 ENDPOINTS = {"chat": "/chat/completions", "completions": "/completions"}
 

@@ -11,23 +11,7 @@ are not counted); a provider that drops ``tools`` answers every one of them with
 
 from __future__ import annotations
 
-import json
-
 TOOLS_SENT, TOOLS_UNUSED, CALLED = "tools_sent", "tools_unused", "tool_call_reply"
-
-
-def reply_calls(raw) -> list[dict] | None:
-    """An OpenAI ``message.tool_calls`` list normalized (None when there is none)."""
-    if not raw:
-        return None
-    out = []
-    for c in raw:
-        fn = (c or {}).get("function") or {}
-        args = fn.get("arguments")
-        out.append({"id": c.get("id") or "", "type": "function",
-                    "function": {"name": fn.get("name") or "",
-                                 "arguments": args if isinstance(args, str) else json.dumps(args or {}, ensure_ascii=False)}})
-    return out
 
 
 def tool_flags(req, calls) -> list[str]:

@@ -4,23 +4,25 @@ import hashlib
 import json
 import sys
 import time
+from types import SimpleNamespace
 from typing import Literal
 
 import dagster as dg
 
 from eagle3_assets.corpus.assets import merged_corpus
+from eagle3_assets.engines import engine_names, engine_resources, engine_role
 from eagle3_assets.launchers import LauncherName, open_launcher
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
-from eagle3_assets.resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource, VLLMResource
+from eagle3_assets.resources import SlurmJobConfig, TargetResource
 
-EXTRACTION_BACKENDS = ("local", "sglang", "vllm")  # the config's `backend` choices
-IN_STEP_BACKENDS = ("local", "vllm")  # extracted in the step itself when the launcher runs here (docs/architecture.md)
+EXTRACTION_BACKENDS = engine_names("extract")  # the engines serving the extract role: the config's `backend` choices
 ExtractionBackend = Literal[EXTRACTION_BACKENDS]
 
 
 class HiddenStatesConfig(dg.Config):
-    backend: ExtractionBackend = "local"  # "local" (transformers), "sglang" (torchrun over tp_size GPUs) or "vllm" (a server)
+    backend: ExtractionBackend = "local"  # an engine serving extract: "local" (transformers), "sglang" (torchrun over
+    # tp_size GPUs) or "vllm" (a server); eagle3_assets.engines.ROLES lists them
     dtype: str = "bf16"  # shard storage: "bf16" or "fp8" (e4m3 with a per-token scale; half the bytes);
     # the model's own dtype and device are the target resource's (``auto``: bf16 on a GPU, float32 on a CPU)
     shard_bytes: int = 1 << 30
@@ -34,20 +36,11 @@ class HiddenStatesConfig(dg.Config):
     vllm_server_args: list[str] = []  # vllm on SLURM: further arguments of the server the job starts
 
 
-def build_extractor(config: HiddenStatesConfig, target: TargetResource, vllm: VLLMResource | None = None):
-    """The extractor for the configured backend, reading the one target definition."""
-    from eagle3_assets.hidden_states import extractors
-
-    spec = target.spec()
-    if config.backend == "local":
-        from eagle3_assets.target.precision import resolve_device
-
-        device = resolve_device(target.device)
-        return extractors.LocalExtractor(spec.model_dir, layer_ids=config.layer_ids or None, device=device,
-                                         dtype=target.torch_dtype(device), target=spec.identity)
-    if config.backend == "vllm":
-        return (vllm or VLLMResource()).extractor(spec, layer_ids=config.layer_ids or None)
-    raise ValueError(f"backend {config.backend!r} extracts in a launched job, not in the step (see IN_STEP_BACKENDS)")
+def build_extractor(config: HiddenStatesConfig, target: TargetResource, resources=None):
+    """The configured engine's extractor in this step (its extract role), reading the one target
+    definition; ``resources``: the step's (those the engine's role reads), or the target alone."""
+    return engine_role("extract", config.backend).step_extractor(
+        target.spec(), layer_ids=config.layer_ids or None, resources=resources or SimpleNamespace(target=target))
 
 
 @dg.asset(
@@ -57,23 +50,25 @@ def build_extractor(config: HiddenStatesConfig, target: TargetResource, vllm: VL
     kinds={"safetensors", "torch"},
     pool="gpu",
     description="Auxiliary + final hidden states per token in sharded safetensors, with index and manifest.",
+    # slurm: the launcher's cluster; and every resource an engine serving extract reads
+    required_resource_keys={"storage", "target", "slurm", *engine_resources("extract")},
 )
-def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig, storage: StorageResource,
-                  target: TargetResource, vllm: VLLMResource, slurm: SlurmResource) -> dg.MaterializeResult:
+def hidden_states(context: dg.AssetExecutionContext, config: HiddenStatesConfig) -> dg.MaterializeResult:
     from tqdm import tqdm
 
     from eagle3_assets.hidden_states.extract import extract_corpus
 
     dataset = context.partition_key
-    layout = storage.layout
+    target = context.resources.target
+    layout = context.resources.storage.layout
     out = layout.hidden_states_dir(dataset)
     launcher = open_launcher(config.launcher, context, config, layout)
-    if not (launcher.here and config.backend in IN_STEP_BACKENDS):
+    if not (launcher.here and engine_role("extract", config.backend).in_step):
         from eagle3_assets.hidden_states.launch import launch_extraction
 
-        report, job_meta = launch_extraction(context, config, target, vllm, slurm, launcher, layout, dataset)
+        report, job_meta = launch_extraction(context, config, target, context.resources, launcher, layout, dataset)
         return hidden_states_result(context, config, out, report, job_meta)
-    extractor = build_extractor(config, target, vllm)
+    extractor = build_extractor(config, target, context.resources)
     bar = tqdm(desc=f"hidden states {dataset}", unit="tok", unit_scale=True, file=sys.stderr)
     last_log = [time.monotonic()]
 

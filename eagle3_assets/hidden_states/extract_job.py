@@ -1,17 +1,17 @@
-"""Hidden states as a job of their own: the entry point a SLURM job runs for the local and vLLM backends.
+"""Hidden states as a job of their own: what a launched job runs for an engine that is not tensor-parallel (local, vLLM).
 
     python -m eagle3_assets.hidden_states.extract_job --config job.json
 
 The same ``extract_corpus`` as the in-process asset (resume, batching, quarantine, shards, index,
-manifest), with the local extractor or with a vLLM extraction server this job starts on its own
-node (its files on node-local disk, read by this process) and stops at the end. Rank 0 of a job
+manifest), with the extractor the engine's extract role builds on this node (vLLM's: an extraction
+server this job starts on its own node, its files on node-local disk, read by this process, stopped
+at the end). Rank 0 of a job
 launched by Dagster Pipes logs progress to the run; the report is written beside the shards
 (``extraction-report.json``), where the asset reads it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -22,37 +22,22 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from eagle3_assets.engines import engine_names, engine_role
+from eagle3_assets.engines.vllm.extraction import VLLMServerSpec
 from eagle3_assets.hidden_states.extract import ExtractionReport, extract_corpus
-from eagle3_assets.job_file import JobFile
+from eagle3_assets.job_file import JobFile, run_job_main
+from eagle3_assets.target.ref import TargetRef
 
 REPORT = "extraction-report.json"  # the same file the SGLang job writes (sglang_extract.load_report reads both)
-
-
-class VLLMServerSpec(BaseModel):
-    """The extraction server the job starts (``VLLMServer`` role ``extract``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    python: str  # the vLLM environment's interpreter on the node
-    served_name: str = ""
-    dtype: str = "float32"  # the target's; auto: bfloat16 where the node sees a GPU, else float32
-    max_model_len: int = Field(2048, ge=2)
-    enforce_eager: bool | None = True  # None: eager where the node has no GPU
-    tensor_parallel_size: int = Field(1, ge=1)
-    kv_cache_gib: int = Field(2, ge=1)
-    extra_args: list[str] = []
-    concurrency: int = Field(8, ge=1)
-    ready_timeout_s: float = 1800.0
 
 
 class ExtractionJob(JobFile):
     """One dataset's extraction; the asset writes it, the job reads it."""
 
-    backend: Literal["local", "vllm"]
-    model_path: str
-    target: dict  # identity recorded in the manifest
+    backend: Literal[engine_names("extract")]  # an engine whose extract role runs in this job (not tensor_parallel)
+    target: TargetRef
     corpus: str
     out_dir: str
     layer_ids: list[int] | None = None
@@ -68,36 +53,8 @@ class ExtractionJob(JobFile):
 
 
 def build_extractor(job: ExtractionJob, stack: ExitStack):
-    if job.backend == "local":
-        from eagle3_assets.hidden_states.extractors import LocalExtractor
-
-        return LocalExtractor(job.model_path, layer_ids=job.layer_ids, device=job.device, dtype=job.model_dtype,
-                              target=job.target)
-    from eagle3_assets.hidden_states.layers import resolve_layer_ids
-    from eagle3_assets.hidden_states.vllm_extractor import VLLMExtractor, vllm_layer_ids
-    from eagle3_assets.target.precision import cuda_available, resolve_dtype
-    from eagle3_assets.target.vllm_server import VLLMServer
-
-    if job.vllm is None:
-        raise ValueError("backend vllm needs the 'vllm' server settings")
-    s = job.vllm
-    text = json.loads((Path(job.model_path) / "config.json").read_text())
-    layers = int((text.get("text_config") or text)["num_hidden_layers"])
-    ids = resolve_layer_ids(layers, job.layer_ids)
-    extra = [*s.extra_args] + (["--tensor-parallel-size", str(s.tensor_parallel_size)] if s.tensor_parallel_size > 1 else [])
-    server = VLLMServer(job.model_path, role="extract", python=s.python, served_name=s.served_name,
-                        dtype=resolve_dtype(s.dtype), max_model_len=s.max_model_len,
-                        enforce_eager=not cuda_available() if s.enforce_eager is None else s.enforce_eager,
-                        kv_cache_gib=s.kv_cache_gib, vllm_layer_ids=vllm_layer_ids(ids, layers), extra_args=extra)
-    server.start()
-    stack.callback(server.stop)
-    print(f"vLLM extraction server starting on {os.uname().nodename}, log {server.log_path}", flush=True)
-    server.wait_ready(s.ready_timeout_s)
-    print(f"vLLM extraction server ready: {server.api_url}", flush=True)
-    extractor = VLLMExtractor(server.api_url, job.model_path, layer_ids=job.layer_ids, preferred_model=server.served_name,
-                              concurrency=s.concurrency, target=job.target)
-    stack.callback(extractor.close)
-    return extractor
+    """The job's engine's extractor on this node (its extract role); what it starts stops with ``stack``."""
+    return engine_role("extract", job.backend).job_extractor(job, stack)
 
 
 def run_extraction(job: ExtractionJob, progress=None) -> ExtractionReport:
@@ -142,34 +99,28 @@ def _stop_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Extract EAGLE-3 hidden states for one dataset (local or vLLM backend).")
-    ap.add_argument("--config", required=True, help="an ExtractionJob as JSON")
-    args = ap.parse_args(argv)
-    try:
-        job = ExtractionJob.from_json(args.config)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def _run(job: ExtractionJob, args, pipes) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    if not os.environ.get("DAGSTER_PIPES_CONTEXT") or job_rank(job)[0] != 0:  # one node reports to Dagster
+    if pipes is None:
         run_extraction(job)
         return 0
-    from dagster_pipes import open_dagster_pipes
+    last = [time.monotonic()]
 
-    with open_dagster_pipes() as pipes:
-        last = [time.monotonic()]
+    def progress(rep: ExtractionReport) -> None:
+        if time.monotonic() - last[0] > 10:
+            last[0] = time.monotonic()
+            pipes.log.info(f"{rep.extracted} samples, {rep.tokens_extracted:,}/{rep.tokens_todo:,} tokens, "
+                           f"{rep.tokens_per_s:,.0f} tokens/s")
 
-        def progress(rep: ExtractionReport) -> None:
-            if time.monotonic() - last[0] > 10:
-                last[0] = time.monotonic()
-                pipes.log.info(f"{rep.extracted} samples, {rep.tokens_extracted:,}/{rep.tokens_todo:,} tokens, "
-                               f"{rep.tokens_per_s:,.0f} tokens/s")
-
-        report = run_extraction(job, progress)
-        pipes.log.info(f"extracted {report.extracted} samples ({report.tokens_extracted:,} tokens) in "
-                       f"{report.seconds:.0f} s; {report.already_done} were already stored")
+    report = run_extraction(job, progress)
+    pipes.log.info(f"extracted {report.extracted} samples ({report.tokens_extracted:,} tokens) in "
+                   f"{report.seconds:.0f} s; {report.already_done} were already stored")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job_main(ExtractionJob, _run, argv, reports=lambda job: job_rank(job)[0] == 0,  # one node reports
+                        description="Extract EAGLE-3 hidden states for one dataset (local or vLLM backend).")
 
 
 if __name__ == "__main__":

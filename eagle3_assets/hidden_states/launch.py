@@ -2,52 +2,39 @@
 (``eagle3_assets.launchers``), every backend; the job file is shaped by the tasks and nodes the
 launcher gives:
 
-- ``local``: ``extract_job`` (transformers) as one process on the job's node, or one per node of a
-  several-node job, each its share of the corpus (``parts.py``), folded into one manifest after;
-- ``vllm``: ``extract_job`` starts a vLLM extraction server on the node (on each node) and extracts
-  through it;
-- ``sglang``: the SGLang job (``sglang_extract``) under ``torchrun``: on one node, ``tp_size`` ranks
-  over the job's tasks (here: one standalone torchrun); on several, a ``tp_size`` group on each
-  node with its share of the corpus (``tp_across_nodes: true``: one group over them all).
+- an engine whose extract role is not ``tensor_parallel`` (``local``, ``vllm``): ``extract_job`` as
+  one process on the job's node, or one per node of a several-node job, each its share of the
+  corpus (``parts.py``), folded into one manifest after; the role builds the job's extractor (vLLM's
+  starts an extraction server on the node) from the settings its ``job_settings`` put in the file;
+- a ``tensor_parallel`` one (``sglang``): the SGLang job (``sglang_extract``) under ``torchrun``: on
+  one node, ``tp_size`` ranks over the job's tasks (here: one standalone torchrun); on several, a
+  ``tp_size`` group on each node with its share of the corpus (``tp_across_nodes: true``: one group
+  over them all).
 
 The job writes into the dataset's hidden-state directory (on a cluster, on the shared filesystem),
 so a job that was cancelled, preempted or timed out leaves its finished shards, and the next
-launch resumes. The local launcher with the ``local`` and ``vllm`` backends extracts in the step
-instead (``hidden_states/assets.py``).
+launch resumes. The local launcher with an ``in_step`` engine (``local``, ``vllm``) extracts in the
+step instead (``hidden_states/assets.py``).
 """
 
 from __future__ import annotations
 
-import polars as pl
-
+from eagle3_assets.engines import engine_role
 from eagle3_assets.hidden_states.extract import ExtractionReport
-from eagle3_assets.hidden_states.extract_job import ExtractionJob, VLLMServerSpec
+from eagle3_assets.hidden_states.extract_job import ExtractionJob
 from eagle3_assets.hidden_states.parts import combine_reports, merge_parts, report_name
 from eagle3_assets.hidden_states.sglang_extract import load_report
 from eagle3_assets.launchers import Launch, forwarded_env
+from eagle3_assets.target.ref import TargetRef
 
 
-def vllm_server_spec(config, target, vllm, slurm, corpus, spec) -> VLLMServerSpec:
-    """The in-job server: the target's dtype, room for the corpus's longest sequence (+1 generated
-    token), eager on CPU only, tensor parallel over ``tp_size`` GPUs."""
-    from eagle3_assets.target.vllm_server import default_python
-
-    longest = int(pl.scan_parquet(corpus).select(pl.col("input_ids").list.len().max()).collect().item() or 1)
-    need = -(-(longest + 1) // 256) * 256
-    if spec.context_length:
-        need = min(need, spec.context_length)
-    return VLLMServerSpec(python=slurm.vllm_python or default_python(), served_name=spec.served_name,
-                          dtype=target.dtype, max_model_len=need,
-                          enforce_eager=None if target.device == "auto" else target.device == "cpu",
-                          tensor_parallel_size=config.tp_size, extra_args=list(config.vllm_server_args),
-                          concurrency=vllm.extraction_concurrency)
-
-
-def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, tasks: int, nodes: int = 1) -> Launch:
-    """The job file for ``tasks`` tasks on ``nodes`` nodes, and the launch that runs it."""
+def extraction_launch(config, target, resources, corpus, out, dataset: str, tasks: int, nodes: int = 1) -> Launch:
+    """The job file for ``tasks`` tasks on ``nodes`` nodes, and the launch that runs it; ``resources``:
+    the step's, those the engine's extract role reads for the job file (vLLM's: ``vllm``, ``slurm``)."""
     spec = target.spec()
     name = f"eagle3-hidden_states-{dataset}"
-    if config.backend == "sglang":
+    role = engine_role("extract", config.backend)
+    if role.tensor_parallel:
         from eagle3_assets.hidden_states.sglang_launch import capture_args, write_sglang_job
 
         if nodes > 1 and not config.tp_across_nodes:  # a TP group per node, each its share of the corpus
@@ -64,13 +51,12 @@ def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, ta
         return Launch(name, "eagle3_assets.hidden_states.sglang_extract", ["--config", str(job_path), *capture_args()],
                       procs=config.tp_size // tasks, exports=forwarded_env())
     job = ExtractionJob(
-        backend=config.backend, model_path=str(spec.model_dir), target=spec.identity, corpus=str(corpus),
+        backend=config.backend, target=TargetRef.of(spec), corpus=str(corpus),
         out_dir=str(out), layer_ids=config.layer_ids or None, device=target.device, model_dtype=target.dtype,
         dtype=config.dtype,
         shard_bytes=config.shard_bytes, batch_tokens=config.batch_tokens, retry_quarantined=config.retry_quarantined,
-        threads=target.threads,
-        vllm=vllm_server_spec(config, target, vllm, slurm, corpus, spec) if config.backend == "vllm" else None,
-        nodes=tasks,
+        threads=target.threads, nodes=tasks,
+        **role.job_settings(config, target, resources, corpus, spec),
     )
     out.mkdir(parents=True, exist_ok=True)
     job_path = out.parent / f".{out.name}.extract-job.json"
@@ -79,7 +65,7 @@ def extraction_launch(config, target, vllm, slurm, corpus, out, dataset: str, ta
                   exports=forwarded_env(), per_node=tasks > 1)
 
 
-def launch_extraction(context, config, target, vllm, slurm, launcher, layout, dataset: str) -> tuple[ExtractionReport, dict]:
+def launch_extraction(context, config, target, resources, launcher, layout, dataset: str) -> tuple[ExtractionReport, dict]:
     """Run the dataset's extraction as one launch; rank 0's report (the nodes' reports combined when
     every node had its share) and the launch's metadata."""
     out = layout.hidden_states_dir(dataset)
@@ -87,7 +73,7 @@ def launch_extraction(context, config, target, vllm, slurm, launcher, layout, da
         raise FileNotFoundError(f"no corpus for dataset {dataset!r} at {layout.corpus(dataset)}: "
                                 f"materialize merged_corpus[{dataset}] first")
     tasks = launcher.tasks
-    launch = extraction_launch(config, target, vllm, slurm, layout.corpus(dataset), out, dataset, tasks, launcher.nodes)
+    launch = extraction_launch(config, target, resources, layout.corpus(dataset), out, dataset, tasks, launcher.nodes)
     if not launcher.running(launch.name):  # what nodes of an earlier job finished, kept before it starts
         merge_parts(out)
     invocation = launcher.run(context, launch)

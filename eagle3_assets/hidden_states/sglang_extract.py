@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node=<tp> -m eagle3_assets.hidden_states.sglang_extract --config job.json
 
-Each rank builds its share of the target in SGLang (``SGLangCapture``); rank 0 runs the
+Each rank builds its share of the target in the job's engine (its extract role's ``capture``:
+SGLang's, ``engines/sglang/capture.py``); rank 0 runs the
 same extraction as the local backend (``extract_corpus``: resume, batching by length,
 quarantine, shards, index and manifest) and every other rank mirrors its forwards
 (:mod:`~eagle3_assets.hidden_states.tensor_parallel`). One job is one tensor-parallel
@@ -12,7 +13,6 @@ several datasets at once. Launched by Dagster Pipes, rank 0 logs progress to the
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -24,10 +24,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from eagle3_assets.hidden_states import layers as hidden_layers
+from eagle3_assets.engines import engine_role
 from eagle3_assets.hidden_states.extract import ExtractionReport, extract_corpus
 from eagle3_assets.hidden_states.tensor_parallel import Group, LeaderExtractor, follow, init_tensor_parallel
-from eagle3_assets.job_file import JobFile
+from eagle3_assets.job_file import JobFile, run_job_main
+from eagle3_assets.target import layers as hidden_layers
+from eagle3_assets.target.ref import OpenTarget, TargetRef
 
 REPORT = "extraction-report.json"
 
@@ -35,13 +37,10 @@ REPORT = "extraction-report.json"
 class SGLangExtractionJob(JobFile):
     """One extraction run; the asset writes it, every rank reads it."""
 
-    model_path: str
+    engine: str = "sglang"  # the engine whose extract role (tensor_parallel) captures on every rank
+    target: TargetRef  # the target (its sizes are read from it, once, on each rank)
     corpus: str  # merged-corpus Parquet
     out_dir: str  # the dataset's hidden-state directory
-    target: dict  # identity recorded in the manifest
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    vocab_size: int = Field(ge=1)
     layer_ids: list[int] | None = None  # None: the default aux layers
     tp_size: int = Field(1, ge=1)
     dtype: Literal["bf16", "fp8"] = "bf16"  # shard storage
@@ -51,7 +50,6 @@ class SGLangExtractionJob(JobFile):
     max_length: int | None = Field(None, ge=1)  # the target's context: longer rows are quarantined, never run
     retry_quarantined: bool = False
     model_dtype: str = "auto"  # the target's dtype; auto: bfloat16 where the rank sees a GPU, else float32
-    trust_remote_code: bool = False
     server_args: dict = Field(default_factory=dict)  # further ServerArgs fields (e.g. mem_fraction_static)
     nodes: int = Field(1, ge=1)  # >1: a TP group per node (SLURM_PROCID), each its share into parts/
 
@@ -67,38 +65,32 @@ def longest_row(job: SGLangExtractionJob) -> int:
     return int(n.select(pl.col("n").max()).collect().item() or 1)
 
 
-def sglang_capture(job: SGLangExtractionJob, group: Group, layer_ids: list[int]):
-    """The real capture: this rank's SGLang model, its KV pool sized from the longest row."""
-    from eagle3_assets.hidden_states.sglang_capture import SGLangCapture
-    from eagle3_assets.target.precision import resolve_dtype
-
-    return SGLangCapture(job.model_path, layer_ids=layer_ids, tp_rank=group.rank, tp_size=group.world_size,
-                         gpu_id=group.local_rank, batch_tokens=job.batch_tokens, longest_row=longest_row(job),
-                         max_rows=job.max_rows, dtype=resolve_dtype(job.model_dtype), trust_remote_code=job.trust_remote_code,
-                         server_args=job.server_args, nccl_port=int(os.environ.get("MASTER_PORT", "0")))
+def engine_capture(job: SGLangExtractionJob, group: Group, layer_ids: list[int]):
+    """The real capture: this rank's share of the model in the job's engine (its extract role's
+    ``capture``; SGLang's ModelRunner), its KV pool sized from the longest row."""
+    return engine_role("extract", job.engine).capture(job, group, layer_ids, longest_row=longest_row(job))
 
 
-def describe(job: SGLangExtractionJob, layer_ids: list[int], backend: str) -> dict:
-    return {"target": job.target, "layers": hidden_layers.convention(layer_ids, job.num_layers),
+def describe(job: SGLangExtractionJob, target: OpenTarget, layer_ids: list[int], backend: str) -> dict:
+    return {"target": target.identity, "layers": hidden_layers.convention(layer_ids, target.num_layers),
             "backend": f"{backend} tp{job.tp_size}"}
 
 
-def run_extraction(job: SGLangExtractionJob, capture_factory=sglang_capture, *, backend: str | None = None,
+def run_extraction(job: SGLangExtractionJob, capture_factory=engine_capture, *, backend: str | None = None,
                    progress=None) -> ExtractionReport | None:
     """This rank's part of the job; rank 0 returns the report (and writes it beside the shards)."""
     group = init_tensor_parallel(job.tp_size)
-    layer_ids = hidden_layers.resolve_layer_ids(job.num_layers, job.layer_ids)
+    target = job.target.open()
+    layer_ids = hidden_layers.resolve_layer_ids(target.num_layers, job.layer_ids)
     capture = capture_factory(job, group, layer_ids)
     if group.rank != 0:
         follow(capture, group)
         return None
     if backend is None:
-        from eagle3_assets.hidden_states.sglang_capture import SGLANG_VERSION
-
-        backend = f"sglang-{SGLANG_VERSION}"
-    leader = LeaderExtractor(capture, group, hidden_size=job.hidden_size, vocab_size=job.vocab_size,
+        backend = engine_role("extract", job.engine).label()
+    leader = LeaderExtractor(capture, group, hidden_size=target.hidden_size, vocab_size=target.vocab_size,
                              max_rows=job.max_rows, max_length=job.max_length,
-                             page_size=getattr(capture, "page_size", 1), describe=describe(job, layer_ids, backend))
+                             page_size=getattr(capture, "page_size", 1), describe=describe(job, target, layer_ids, backend))
     node, out, share, skip = node_of_job(job), Path(job.out_dir), None, None
     if job.nodes > 1:
         from eagle3_assets.hidden_states.parts import part_dir, stored_ids
@@ -140,24 +132,9 @@ def _factory(spec: str):
     return getattr(importlib.import_module(module), name)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Extract EAGLE-3 hidden states through SGLang (one TP group).")
-    ap.add_argument("--config", required=True, help="an SGLangExtractionJob as JSON")
-    ap.add_argument("--capture", default=None, help="module:function building the capture (default: SGLang's)")
-    args = ap.parse_args(argv)
-    try:
-        job = SGLangExtractionJob.from_json(args.config)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    factory = _factory(args.capture) if args.capture else sglang_capture
+def _run(job: SGLangExtractionJob, args, pipes) -> int:
+    factory = _factory(args.capture) if args.capture else engine_capture
     backend = None if args.capture is None else args.capture
-    pipes = None
-    first_node = int(os.environ.get("SLURM_PROCID", "0")) == 0 or job.nodes == 1
-    if int(os.environ.get("RANK", "0")) == 0 and first_node and os.environ.get("DAGSTER_PIPES_CONTEXT"):
-        from dagster_pipes import open_dagster_pipes
-
-        pipes = open_dagster_pipes()
     last = [time.monotonic()]
 
     def progress(rep: ExtractionReport) -> None:
@@ -166,18 +143,28 @@ def main(argv: list[str] | None = None) -> int:
             pipes.log.info(f"{rep.extracted} samples, {rep.tokens_extracted:,}/{rep.tokens_todo:,} tokens, "
                            f"{rep.tokens_per_s:,.0f} tokens/s")
 
-    try:
-        if pipes is None:
-            run_extraction(job, factory, backend=backend, progress=progress)
-        else:
-            with pipes:
-                run_extraction(job, factory, backend=backend, progress=progress)
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+    run_extraction(job, factory, backend=backend, progress=progress)
     return 0
+
+
+def _reports(job: SGLangExtractionJob) -> bool:
+    """Rank 0 of the first node's group reports to Dagster."""
+    first_node = int(os.environ.get("SLURM_PROCID", "0")) == 0 or job.nodes == 1
+    return int(os.environ.get("RANK", "0")) == 0 and first_node
+
+
+def _close_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job_main(SGLangExtractionJob, _run, argv, reports=_reports, cleanup=_close_group,
+                        description="Extract EAGLE-3 hidden states through SGLang (one TP group).",
+                        options={"--capture": dict(default=None, help="module:function building the capture "
+                                                   "(default: SGLang's)")})
 
 
 if __name__ == "__main__":

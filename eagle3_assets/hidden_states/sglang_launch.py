@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from eagle3_assets.hidden_states.sglang_extract import SGLangExtractionJob
+from eagle3_assets.target.ref import TargetRef
 
 JOB_FILE = "sglang-job.json"
 CAPTURE_ENV = "EAGLE3_SGLANG_CAPTURE"  # module:function replacing SGLang's capture (CPU tests)
@@ -20,13 +21,11 @@ def capture_args() -> list[str]:
 def write_sglang_job(config, spec, corpus: Path, out: Path, nodes: int = 1, model_dtype: str = "auto") -> Path:
     """The job file every rank reads, beside the dataset's hidden-state directory; ``model_dtype`` is
     the target's (``auto`` stays so in the file and is resolved on the rank's own machine)."""
-    text = spec.text_config
     job = SGLangExtractionJob(
-        model_path=str(spec.model_dir), corpus=str(corpus), out_dir=str(out), target=spec.identity,
-        num_layers=int(text["num_hidden_layers"]), hidden_size=int(text["hidden_size"]),
-        vocab_size=int(text["vocab_size"]), layer_ids=config.layer_ids or None, tp_size=config.tp_size,
+        engine=config.backend, target=TargetRef.of(spec), corpus=str(corpus), out_dir=str(out),
+        layer_ids=config.layer_ids or None, tp_size=config.tp_size,
         dtype=config.dtype, shard_bytes=config.shard_bytes, batch_tokens=config.batch_tokens,
-        retry_quarantined=config.retry_quarantined, trust_remote_code=spec.trust_remote_code,
+        retry_quarantined=config.retry_quarantined,
         max_length=spec.context_length, nodes=nodes, model_dtype=model_dtype,
     )
     out.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ batching, quarantine, shards, index, manifest are the local extractor's) through
 running its own share of the forward; the other ranks sit in :func:`follow`, running the
 same forward on the same rows, until the leader says stop. A ``capture`` is any callable
 ``rows -> (aux [sum T, 3H], last [sum T, H])`` that must run on all ranks together:
-:class:`~eagle3_assets.hidden_states.sglang_capture.SGLangCapture` on GPU boxes.
+:class:`~eagle3_assets.engines.sglang.capture.SGLangCapture` on GPU boxes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from eagle3_assets.hidden_states.extractors import Features, check_rows, features_from_packed
+from eagle3_assets.engines.roles import Features, check_rows, features_from_packed
 
 Capture = Callable[[Sequence[Sequence[int]]], tuple]
 

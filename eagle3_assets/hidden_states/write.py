@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from eagle3_assets.hidden_states import layers as hidden_layers
 from eagle3_assets.hidden_states.shards import ShardWriter
+from eagle3_assets.target import layers as hidden_layers
 
 
 def write_samples(out_dir: Path | str, samples: Iterable[dict], *, layer_ids: list[int], num_layers: int,

@@ -21,7 +21,7 @@ from eagle3_assets.prompts.reader import PromptReader
 from eagle3_assets.prompts.rows import Prompt
 from eagle3_assets.prompts.table import PromptTableWriter
 from eagle3_assets.prompts.tools import declare_in_system_turn, has_tool_content, tool_figures
-from eagle3_assets.tokens.tool_calls import KimiFormat, kimi_history_ids
+from eagle3_assets.target.tool_calls import KimiFormat, kimi_history_ids
 
 CHUNK_ROWS = 1024
 TOO_LONG = "too long for the target's context"

@@ -115,7 +115,7 @@ class ToolTurns:
         args = arguments_json(fn.get("arguments", fn.get("parameters")), f"{fwhere}.arguments")
         cid = c.get("id")
         if not isinstance(cid, str) or not cid.strip():
-            from eagle3_assets.tokens.tool_calls import kimi_call_id
+            from eagle3_assets.target.tool_calls import kimi_call_id
 
             cid = kimi_call_id(name, self.calls)  # K2.5's count-based id, the one rule
         self.calls += 1

@@ -25,7 +25,7 @@ from eagle3_assets.slurm.shared_files import FileTail, SharedFileMessageReader
 
 PENDING_LOG_EVERY_S = 60.0
 SCHEDULER_OUTAGE_S = 300.0  # squeue failing this long (slurmctld down) fails the step
-LOG_TAIL_LINES = 40
+LOG_TAIL_LINES = 60  # a launched job's whole traceback: its frames from run_job_main down, and srun's lines after
 
 
 def _safe(name: str) -> str:

@@ -91,14 +91,14 @@ def set_threads(threads: int) -> None:
 class EmbeddedModel:
     """A loaded model with batched generation in SGLang's output shape.
 
-    Prompts are rendered by the target's :class:`~eagle3_assets.tokens.tokenizer.TargetTokenizer`
+    Prompts are rendered by the target's :class:`~eagle3_assets.target.tokenizer.TargetTokenizer`
     (the one every other stage uses, ``thinking`` included), so local rows and server rows of the
     same prompt start from the same ids.
     """
 
     def __init__(self, model_dir: Path | str, *, device: str = "cpu", dtype: str = "float32", tokenizer=None):
         from eagle3_assets.target.loading import load_causal_lm
-        from eagle3_assets.tokens.tokenizer import TargetTokenizer
+        from eagle3_assets.target.tokenizer import TargetTokenizer
 
         self.model_dir = Path(model_dir)
         self.name = self.model_dir.name

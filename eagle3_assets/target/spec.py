@@ -8,11 +8,11 @@ tokenizer and its identity from here, never from a second copy of the same setti
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from eagle3_assets.target.config import read_config, text_config
 from eagle3_assets.target.identity import check_same_target, target_identity
 
 
@@ -42,12 +42,12 @@ class TargetSpec:
     @cached_property
     def config(self) -> dict:
         """The checkpoint's whole ``config.json``."""
-        return json.loads((self.model_dir / "config.json").read_text())
+        return read_config(self.model_dir)
 
     @property
     def text_config(self) -> dict:
         """The language model's config: ``text_config`` of a multimodal wrapper, else the config."""
-        return self.config.get("text_config") or self.config
+        return text_config(self.config)
 
     @property
     def context_length(self) -> int | None:
@@ -70,9 +70,9 @@ class TargetSpec:
         return decode_stop_ids(self.model_dir, self.load_tokenizer())
 
     def load_tokenizer(self):
-        """The target's :class:`~eagle3_assets.tokens.tokenizer.TargetTokenizer` (loaded once)."""
+        """The target's :class:`~eagle3_assets.target.tokenizer.TargetTokenizer` (loaded once)."""
         if "tokenizer" not in self._cache:
-            from eagle3_assets.tokens.tokenizer import TargetTokenizer
+            from eagle3_assets.target.tokenizer import TargetTokenizer
 
             self._cache["tokenizer"] = TargetTokenizer.load(
                 self.tokenizer_dir, end_of_turn=self.end_of_turn, trust_remote_code=self.trust_remote_code,

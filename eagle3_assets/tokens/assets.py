@@ -3,7 +3,7 @@
 Only the final (generated) assistant turn is supervised: the loss mask covers the completion,
 never the prompt, whatever turns the prompt holds. ``built_from`` says where each completion came
 from (``native``: the backend's ids; ``retokenized``: rebuilt from text and reasoning), and
-``build_notes`` how (see ``eagle3_assets.tokens.tokenizer``).
+``build_notes`` how (see ``eagle3_assets.tokens.rows``).
 """
 
 
@@ -16,8 +16,8 @@ from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.table import read_prompt_table
 from eagle3_assets.resources import StorageResource, TargetResource
+from eagle3_assets.tokens.rows import build_token_row
 from eagle3_assets.tokens.table import agreement_summary, write_token_table
-from eagle3_assets.tokens.tokenizer import build_token_row
 
 
 class TokenIdsConfig(dg.Config):

@@ -152,7 +152,7 @@ def _from_speculators_name(k: str) -> str:
 
 def vllm_config(cfg: DrafterConfig, *, dtype: str, verifier: str, verifier_architectures: list[str],
                 speculative_tokens: int) -> dict:
-    from eagle3_assets.hidden_states.layers import to_speculators_ids
+    from eagle3_assets.target.layers import to_speculators_ids
 
     return {
         "architectures": [SPECULATORS_ARCH],
@@ -265,7 +265,7 @@ def sglang_file_problems(export_dir: Path) -> list[str]:
 def _shared_problems(layer: dict, top: dict, sglang_ids, where: str, vllm_ids=None) -> list[str]:
     """Rope, head shape and aux-layer problems both engines' loaders would misread (the aux ids in
     the export's own numbering: ``vllm_ids`` for a vLLM export, else ``sglang_ids``)."""
-    from eagle3_assets.hidden_states.layers import sglang_shift_problem, vllm_shift_problem
+    from eagle3_assets.target.layers import sglang_shift_problem, vllm_shift_problem
 
     problems = export_rope_problems(layer, where)
     heads, head_dim = layer.get("num_attention_heads"), layer.get("head_dim")
@@ -330,7 +330,8 @@ def layout_problems(shape) -> dict[str, str]:
 
 def target_notes(target_config: dict) -> list[str]:
     """What an engine will not serve of a Llama-style drafter next to this target."""
-    from eagle3_assets.target.engines import CPU_BLOCK_ERROR, target_family
+    from eagle3_assets.engines.versions import target_family
+    from eagle3_assets.engines.vllm.versions import CPU_BLOCK_ERROR
 
     if target_family(target_config) is None:
         return []

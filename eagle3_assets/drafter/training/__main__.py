@@ -7,7 +7,6 @@ progress to the run's logs and reports the materialization with the training fig
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -15,50 +14,31 @@ import sys
 from eagle3_assets.drafter.training.config import TrainJob
 from eagle3_assets.drafter.training.distributed import close_distributed
 from eagle3_assets.drafter.training.job import MemoryPlanError, run_job
+from eagle3_assets.job_file import run_job_main
 
 
-def _open_pipes():
-    """The Dagster Pipes context when this process was launched by Pipes, else None."""
-    if not os.environ.get("DAGSTER_PIPES_CONTEXT"):
-        return None
-    try:
-        from dagster_pipes import open_dagster_pipes
-    except ImportError:
-        return None
-    return open_dagster_pipes()
+def _run(job: TrainJob, args, pipes) -> int:
+    if pipes is None:
+        run_job(job)
+        return 0
+    every = max(1, (job.training.max_steps or 100) // 20)
+
+    def report(m: dict) -> None:
+        if m["step"] % every == 0:
+            pipes.log.info(json.dumps({k: m[k] for k in ("step", "loss", "acc_per_step", "lr")}))
+
+    summary = run_job(job, on_metrics=report)
+    meta = {k: v for k, v in summary.items() if isinstance(v, (int, float, str)) and v is not None}
+    meta["final_acc_per_step"] = json.dumps(summary.get("final_acc_per_step"))
+    pipes.report_asset_materialization(metadata=meta, asset_key=job.pipes_asset_key)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Train an EAGLE-3 drafter on hidden-state shards.")
-    ap.add_argument("--config", required=True, help="a TrainJob as JSON")
-    args = ap.parse_args(argv)
-    try:
-        job = TrainJob.from_json(args.config)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    pipes = _open_pipes() if int(os.environ.get("RANK", "0")) == 0 else None
-    try:
-        if pipes is None:
-            run_job(job)
-            return 0
-        with pipes:
-            every = max(1, (job.training.max_steps or 100) // 20)
-
-            def report(m: dict) -> None:
-                if m["step"] % every == 0:
-                    pipes.log.info(json.dumps({k: m[k] for k in ("step", "loss", "acc_per_step", "lr")}))
-
-            summary = run_job(job, on_metrics=report)
-            meta = {k: v for k, v in summary.items() if isinstance(v, (int, float, str)) and v is not None}
-            meta["final_acc_per_step"] = json.dumps(summary.get("final_acc_per_step"))
-            pipes.report_asset_materialization(metadata=meta, asset_key=job.pipes_asset_key)
-    except MemoryPlanError as exc:  # refused before any weight was built
-        print(f"error: {job.out_dir}: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        close_distributed()
-    return 0
+    # rank 0 reports; a memory plan that does not fit is refused before any weight was built
+    return run_job_main(TrainJob, _run, argv, reports=lambda job: int(os.environ.get("RANK", "0")) == 0,
+                        refused=(MemoryPlanError,), cleanup=close_distributed,
+                        description="Train an EAGLE-3 drafter on hidden-state shards.")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from eagle3_assets.hidden_states.spool.settings import StreamSettings
 from eagle3_assets.job_file import JobFile
+from eagle3_assets.target.ref import TargetRef
 
 
 class _Section(BaseModel):
@@ -204,7 +205,7 @@ class ExportSettings(_Section):
 class TrainJob(JobFile):
     """What ``python -m eagle3_assets.drafter.training --config job.json`` runs."""
 
-    target_dir: str  # the target's HF directory (config.json + safetensors)
+    target: TargetRef  # the target's HF directory (config.json + safetensors)
     out_dir: str
     datasets: dict[str, float]  # hidden-state shard directory -> mixing weight (train split)
     stream: StreamSettings | None = None  # set: train from the spool as producers capture (datasets unused)

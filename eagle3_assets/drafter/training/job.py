@@ -18,7 +18,6 @@ import torch
 
 from eagle3_assets.drafter.model import DrafterConfig, build_drafter
 from eagle3_assets.drafter.target_weights import (
-    read_target_config,
     read_target_embeddings,
     read_target_final_norm,
     read_target_lm_head,
@@ -31,6 +30,7 @@ from eagle3_assets.drafter.training.loop import Trainer
 from eagle3_assets.drafter.training.memory_plan import GiB, MemoryEstimate, plan_for_run, refusal
 from eagle3_assets.drafter.training.teacher import Teacher
 from eagle3_assets.drafter.vocab_map import check_vocab_map, counts_hash, load_or_build_vocab_map
+from eagle3_assets.target.ref import OpenTarget
 
 
 def compute_dtype(job: TrainJob, device: torch.device) -> torch.dtype:
@@ -39,15 +39,17 @@ def compute_dtype(job: TrainJob, device: torch.device) -> torch.dtype:
     return getattr(torch, job.runtime.dtype)
 
 
-def drafter_config(job: TrainJob, dataset: ShardDataset) -> DrafterConfig:
+def drafter_config(job: TrainJob, dataset: ShardDataset, target: OpenTarget | None = None) -> DrafterConfig:
     """The drafter's shape; its aux layers are the ones the shards hold (a recipe that names
-    others is refused: training on one set of layers and serving another is silent damage)."""
+    others is refused: training on one set of layers and serving another is silent damage).
+    ``target``: the job's target, opened by the caller (default: opened here)."""
+    target = target or job.target.open()
     stored = dataset.aux_layer_ids
     wanted = job.shape.aux_layer_ids
     if wanted is not None and stored is not None and list(wanted) != stored:
         raise ValueError(f"the recipe asks for aux layers {list(wanted)} but the hidden states hold {stored}: "
                          "re-extract with those layer_ids or drop aux_layer_ids from the recipe")
-    cfg = DrafterConfig.from_target(read_target_config(job.target_dir), draft_vocab_size=job.shape.draft_vocab_size,
+    cfg = DrafterConfig.from_target(target.config, draft_vocab_size=job.shape.draft_vocab_size,
                                     aux_layer_ids=wanted or stored, intermediate_size=job.shape.intermediate_size,
                                     attention=job.shape.attention, norm_before_fc=job.shape.norm_before_fc)
     if dataset.readers and dataset.hidden_size != cfg.target_hidden_size:
@@ -116,14 +118,14 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     s = job.training
     stream = None
+    target = job.target.open()
     if job.stream is not None:  # the spool, filled by producers while this trains (drafter/training/stream.py)
         from eagle3_assets.drafter.training.stream import open_stream
 
-        dataset, plan, stream = open_stream(job.stream, s, rank=rank, world=world,
-                                            target_config=read_target_config(job.target_dir))
+        dataset, plan, stream = open_stream(job.stream, s, rank=rank, world=world, target_config=target.config)
     else:
         dataset = ShardDataset(job.datasets, max_length=s.max_length, seed=s.seed)
-    dcfg = drafter_config(job, dataset)
+    dcfg = drafter_config(job, dataset, target)
     counts = dataset.token_counts(dcfg.vocab_size)
     if rank == 0:
         vmap = load_or_build_vocab_map(out_dir, counts, dcfg.draft_vocab_size)
@@ -140,11 +142,11 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
     if rank == 0:
         print(f"eagle3: memory plan: {plan.describe()}", file=sys.stderr, flush=True)
     # built on the device in place: no float32 CPU copy of the frozen embedding or default init of the weights
-    model = build_drafter(dcfg, read_target_embeddings(job.target_dir), vmap, device=device, embed_dtype=dtype,
+    model = build_drafter(dcfg, read_target_embeddings(target.model_dir), vmap, device=device, embed_dtype=dtype,
                           seed=s.seed if job.init_seed is None else job.init_seed)
-    lm_head = read_target_lm_head(job.target_dir)
+    lm_head = read_target_lm_head(target.model_dir, target.config)
     if s.init_head_from_target:
-        head_from_target(model, lm_head, read_target_final_norm(job.target_dir), freeze=s.freeze_head)
+        head_from_target(model, lm_head, read_target_final_norm(target.model_dir), freeze=s.freeze_head)
     teacher = Teacher(lm_head, vmap, device=device, dtype=dtype)
     del lm_head
     trainer = Trainer(s, model, data, teacher, out_dir, compute_dtype=dtype, vocab_hash=vmap.source_hash,
@@ -175,7 +177,7 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
         if e.sglang and "sglang" in job.shape.engines:
             summary["sglang_dir"] = str(export_sglang(model, out_dir / "sglang", dtype=e.dtype))
         if e.vllm and "vllm" in job.shape.engines:
-            summary["vllm_dir"] = str(export_vllm(model, out_dir / "vllm", dtype=e.dtype, verifier=str(job.target_dir),
+            summary["vllm_dir"] = str(export_vllm(model, out_dir / "vllm", dtype=e.dtype, verifier=str(target.model_dir),
                                                   speculative_tokens=e.speculative_k))
     if rank == 0:
         write_atomic_text(out_dir / "result.json", json.dumps(summary, indent=2))

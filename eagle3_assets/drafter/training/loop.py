@@ -15,7 +15,7 @@ target and the device): a rank's batch may run as several micro-batches of at mo
 (the loss is normalised by the global batch's counts, known before the first forward, so the
 step's gradient is the whole batch's); each TTT step's layer may be recomputed in backward
 (``checkpoint``); and the head and softmaxes may run in chunks of rows (``loss_chunk_rows``).
-None of it changes the step beyond float rounding (tests/test_training_memory.py).
+None of it changes the step beyond float rounding (tests/unit/drafter/test_training_memory.py).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class StreamDataset:
     readers: list = []  # no shard directory behind it (``drafter_config`` checks widths on the first unit)
 
     def __init__(self, settings, *, max_length: int, seed: int, target_layers: int):
-        from eagle3_assets.hidden_states.layers import resolve_layer_ids
+        from eagle3_assets.target.layers import resolve_layer_ids
 
         self.settings, self.max_length, self.seed = settings, int(max_length), seed
         self.names, self.entries, self.lengths = train_entries(settings.corpora, seed)

@@ -29,11 +29,13 @@ from typing import Literal
 
 from pydantic import Field
 
+from eagle3_assets.engines import engine_names
 from eagle3_assets.hidden_states.extract_job import VLLMServerSpec
 from eagle3_assets.hidden_states.journal import now_iso
 from eagle3_assets.hidden_states.spool.plan import PLAN, Plan, load_plan
 from eagle3_assets.hidden_states.spool.store import Heartbeat, Spool
 from eagle3_assets.job_file import JobFile
+from eagle3_assets.target.ref import TargetRef
 
 CAPTURES = "captures.jsonl"  # one line per published unit: which producer captured which samples
 
@@ -43,9 +45,8 @@ class ProducerJob(JobFile):
 
     spool_dir: str
     corpora: dict[str, str] = {}  # corpus path as the plan names it -> where this node reads it (default: same)
-    backend: Literal["local", "vllm"] = "local"
-    model_path: str
-    target: dict | None = None  # the identity recorded in each unit's manifest (None: read from model_path)
+    backend: Literal[engine_names("extract")] = "local"  # an engine whose extract role runs in a job (not tensor_parallel)
+    target: TargetRef
     device: str = "auto"
     model_dtype: str = "auto"
     threads: int = Field(0, ge=0)
@@ -198,10 +199,8 @@ def wait_for_plan(spool_dir: Path, timeout_s: float) -> Plan:
 def build_producer_extractor(job: ProducerJob, plan: Plan, stack: ExitStack):
     """The capture backend through the extraction job's own seam, with the plan's layers."""
     from eagle3_assets.hidden_states.extract_job import ExtractionJob, build_extractor
-    from eagle3_assets.hidden_states.extractors import target_identity
 
-    target = job.target if job.target is not None else target_identity(job.model_path)
-    ejob = ExtractionJob(backend=job.backend, model_path=job.model_path, target=target, corpus="-", out_dir="-",
+    ejob = ExtractionJob(backend=job.backend, target=job.target, corpus="-", out_dir="-",
                          layer_ids=plan.data["layer_ids"], device=job.device, model_dtype=job.model_dtype,
                          dtype=plan.data["dtype"], threads=job.threads, vllm=job.vllm)
     return build_extractor(ejob, stack)
@@ -216,7 +215,8 @@ def run_producer(job: ProducerJob, stop_when_idle: bool = False) -> dict:
     with ExitStack() as stack:
         extractor = build_producer_extractor(job, plan, stack)
         if int(extractor.hidden_size) != plan.data["hidden_size"]:
-            raise ValueError(f"{job.model_path}: hidden size {extractor.hidden_size}, the plan's is {plan.data['hidden_size']}")
+            raise ValueError(f"{job.target.model_dir}: hidden size {extractor.hidden_size}, "
+                             f"the plan's is {plan.data['hidden_size']}")
         stats = Producer(job, extractor, plan).run(stop_when_idle=stop_when_idle)
     print(f"eagle3: producer done: {json.dumps(stats)}", file=sys.stderr, flush=True)
     return stats

@@ -26,7 +26,7 @@ def layout_problems(shape) -> dict[str, str]:
 
 def target_notes(target_config: dict) -> list[str]:
     """Nothing to note on an MLA target (every engine serves it there); any other target raises."""
-    from eagle3_assets.target.engines import target_family
+    from eagle3_assets.engines.versions import target_family
 
     if target_family(target_config) is None:
         raise ValueError("attention 'mla' needs an MLA target (DeepSeek-V3 / Kimi-K2.5 family); this target has no "

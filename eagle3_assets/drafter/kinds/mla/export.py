@@ -53,7 +53,7 @@ def mla_rope_fields(cfg: DrafterConfig) -> dict:
 
 
 def mla_config(cfg: DrafterConfig, *, dtype: str, engine: str) -> dict:
-    from eagle3_assets.hidden_states.layers import to_speculators_ids
+    from eagle3_assets.target.layers import to_speculators_ids
 
     ids = list(cfg.aux_layer_ids) if engine == "sglang" else to_speculators_ids(cfg.aux_layer_ids)
     out = {
@@ -84,7 +84,8 @@ def export_mla(model: Eagle3Drafter, out_dir: Path, *, dtype: str = "bfloat16", 
 
 def _require_sglang_mla_draft(version: str | None = None) -> None:
     """The SGLang the export is for (the one the project supports) must have the MLA draft model."""
-    from eagle3_assets.target.engines import SGLANG_VERSION, EngineVersionError, mla_draft_problem
+    from eagle3_assets.engines.sglang.versions import SGLANG_VERSION
+    from eagle3_assets.engines.versions import EngineVersionError, mla_draft_problem
 
     problem = mla_draft_problem("sglang", version or SGLANG_VERSION)
     if problem:
@@ -123,7 +124,7 @@ def check_mla_export(export_dir: Path, engine: str) -> list[str]:
     """What vLLM's or SGLang's DeepSeek EAGLE-3 loader would refuse or read differently (empty: none)."""
     from safetensors import safe_open
 
-    from eagle3_assets.hidden_states.layers import sglang_shift_problem, vllm_shift_problem
+    from eagle3_assets.target.layers import sglang_shift_problem, vllm_shift_problem
 
     export_dir = Path(export_dir)
     cfg_path, weights_path = export_dir / "config.json", export_dir / "model.safetensors"

@@ -1,0 +1,83 @@
+"""The roles SGLang serves: generation with exact ids, tensor-parallel extraction, serving a drafter."""
+
+from __future__ import annotations
+
+from eagle3_assets.engines.roles import HttpGeneration
+
+
+class SGLangGenerate:
+    """``POST /generate`` with locally rendered prompt ids; ``output_ids`` as the server returns them."""
+
+    in_process = False
+    exact_ids = True
+    gpu = True
+    resources = ("sglang",)
+
+    def http(self, resources, spec, tokenizer, concurrency: int) -> HttpGeneration:
+        tok = tokenizer()
+        r = resources.sglang
+        stops = [tok.end_of_turn_id]  # the template's turn end: K2.5's eos_token_id is not it
+        return HttpGeneration(r.backend(tok.render_prompt, stop_token_ids=stops, parse_tool_calls=tok.parse_tool_calls),
+                              r.client_config(), concurrency or r.default_in_flight())
+
+
+class SGLangExtract:
+    """SGLang's ModelRunner in each rank of a torchrun group (``hidden_states/sglang_extract.py``
+    runs it), never in the step: its model is split over ``tp_size`` processes."""
+
+    in_step = False
+    tensor_parallel = True
+    resources = ()
+
+    def step_extractor(self, spec, *, layer_ids, resources):
+        raise ValueError("the sglang engine extracts in a launched tensor-parallel job, not in the step")
+
+    def job_settings(self, config, target, resources, corpus, spec) -> dict:
+        return {}
+
+    def job_extractor(self, job, stack):
+        raise ValueError("the sglang engine extracts in its tensor-parallel job (hidden_states/sglang_extract.py), "
+                         "not in the extraction job")
+
+    def capture(self, job, group, layer_ids, *, longest_row: int):
+        """This rank's SGLang model (``SGLangCapture``), its KV pool sized for ``longest_row``."""
+        import os
+
+        from eagle3_assets.engines.sglang.capture import SGLangCapture
+        from eagle3_assets.target.precision import resolve_dtype
+
+        return SGLangCapture(job.target.model_dir, layer_ids=layer_ids, tp_rank=group.rank, tp_size=group.world_size,
+                             gpu_id=group.local_rank, batch_tokens=job.batch_tokens, longest_row=longest_row,
+                             max_rows=job.max_rows, dtype=resolve_dtype(job.model_dtype),
+                             trust_remote_code=job.target.trust_remote_code, server_args=job.server_args,
+                             nccl_port=int(os.environ.get("MASTER_PORT", "0")))
+
+    def label(self) -> str:
+        """The backend the manifest records: the engine and its one supported release."""
+        from eagle3_assets.engines.sglang.versions import SGLANG_VERSION
+
+        return f"sglang-{SGLANG_VERSION}"
+
+
+class SGLangServe:
+    """An SGLang server speculating with the drafter's SGLang export (a chain of ``k`` steps); its
+    per-request counters are the acceptance."""
+
+    def server(self, model_dir, drafter_dir, *, k: int, python: str = ""):
+        from eagle3_assets.engines.sglang.server import SGLangServer
+
+        return SGLangServer(model_dir, python=python, drafter_dir=drafter_dir, speculative_steps=k)
+
+    def url(self, server) -> str:
+        return server.base_url
+
+    def acceptance(self, url, prompts, *, k, max_new_tokens, greedy_reference=None, stop_token_ids=()):
+        from eagle3_assets.engines.sglang.acceptance import measure_acceptance
+
+        return measure_acceptance(url, prompts, k=k, max_new_tokens=max_new_tokens, greedy_reference=greedy_reference,
+                                  stop_token_ids=stop_token_ids)
+
+
+GENERATE = SGLangGenerate()
+EXTRACT = SGLangExtract()
+SERVE = SGLangServe()

@@ -1,0 +1,70 @@
+"""The roles vLLM serves: generation with exact ids (any OpenAI-compatible server that returns token
+ids), extraction through an extraction server, serving a drafter."""
+
+from __future__ import annotations
+
+from eagle3_assets.engines.roles import HttpGeneration
+
+
+class VLLMGenerate:
+    """``/v1/chat/completions`` (or ``/v1/completions`` with the rendered ids) with ``return_token_ids``."""
+
+    in_process = False
+    exact_ids = True
+    gpu = True
+    resources = ("vllm",)
+
+    def http(self, resources, spec, tokenizer, concurrency: int) -> HttpGeneration:
+        tok = tokenizer()
+        r = resources.vllm
+        stops = [tok.end_of_turn_id]  # the template's turn end: K2.5's eos_token_id is not it
+        return HttpGeneration(r.backend(tok.render_prompt, spec.served_name, stop_token_ids=stops), r.client_config(),
+                              concurrency or r.default_in_flight())
+
+
+class VLLMExtract:
+    """In the step, the extraction servers the ``vllm`` resource names; in a launched job, a server
+    the job starts on its node from the settings carried in the job file."""
+
+    in_step = True
+    tensor_parallel = False
+    resources = ("vllm", "slurm")  # slurm: the vLLM environment on the cluster's nodes
+
+    def step_extractor(self, spec, *, layer_ids, resources):
+        from eagle3_assets.engines.vllm.extraction import step_extractor
+
+        return step_extractor(resources.vllm, spec, layer_ids)
+
+    def job_settings(self, config, target, resources, corpus, spec) -> dict:
+        from eagle3_assets.engines.vllm.extraction import server_spec
+
+        return {"vllm": server_spec(config, target, resources.vllm, resources.slurm, corpus, spec)}
+
+    def job_extractor(self, job, stack):
+        from eagle3_assets.engines.vllm.extraction import job_extractor
+
+        return job_extractor(job, stack)
+
+
+class VLLMServe:
+    """A vLLM server with the drafter's vLLM export as its speculative config (``k`` tokens); its
+    Prometheus counters, read before and after, are the acceptance."""
+
+    def server(self, model_dir, drafter_dir, *, k: int, python: str = ""):
+        from eagle3_assets.engines.vllm.server import VLLMServer
+
+        return VLLMServer(model_dir, role="speculate", drafter_dir=drafter_dir, num_speculative_tokens=k, python=python)
+
+    def url(self, server) -> str:
+        return server.api_url
+
+    def acceptance(self, url, prompts, *, k, max_new_tokens, greedy_reference=None, stop_token_ids=()):
+        from eagle3_assets.engines.vllm.acceptance import measure_acceptance
+
+        return measure_acceptance(url, prompts, k=k, max_new_tokens=max_new_tokens, greedy_reference=greedy_reference,
+                                  stop_token_ids=stop_token_ids)
+
+
+GENERATE = VLLMGenerate()
+EXTRACT = VLLMExtract()
+SERVE = VLLMServe()

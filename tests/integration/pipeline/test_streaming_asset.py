@@ -1,0 +1,35 @@
+"""``drafter_checkpoint`` in streaming mode: one materialization starts the producers and the
+trainer, with no ``hidden_states`` materialized, and reports both sides in its metadata."""
+
+import json
+
+import dagster as dg
+import pytest
+
+from eagle3_assets.drafter.recipes import load_recipe
+from eagle3_assets.resources import DatasetSettings
+from tests.conftest import small_prompts, write_jsonl
+from tests.support.dagster_helpers import run_dataset, run_drafter
+
+pytestmark = pytest.mark.model
+
+
+def test_demo_recipe_streams_from_one_materialization(layout):
+    recipe = load_recipe("demo")
+    cap = 24 << 20
+    with dg.instance_for_test() as instance:
+        for name in recipe.datasets:
+            write_jsonl(layout.prompt_source(name), small_prompts(4, prefix=f"{name}-"))
+            assert run_dataset(instance, name, resources={"dataset_settings": DatasetSettings(eval_fraction=0.5)}).success
+        result = run_drafter(instance, "demo", config={"threads": 1, "stream_cap_bytes": cap, "stream_unit_bytes": 1 << 20})
+        assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    meta = {k: v.value for k, v in result.asset_materializations_for_node("drafter_checkpoint")[0].metadata.items()}
+    assert not any(layout.hidden_states_dir(d).exists() for d in recipe.datasets)  # nothing stored offline
+    spool = layout.root / "spool" / "demo"
+    plan = json.loads((spool / "plan.json").read_text())
+    captured = [json.loads(x) for x in (spool / "captures.jsonl").read_text().splitlines()]
+    assert meta["stream_units_captured"] == len(captured) >= len(plan["units"]) == meta["stream_units_planned"]
+    assert 0 < meta["stream_peak_spool_bytes"] <= meta["stream_cap_bytes"] == cap
+    assert meta["stream_trainer_wait_s"] > 0 and meta["stream_producer_wait_share"] is not None
+    assert not any((spool / "units").iterdir()) and (spool / "done.json").exists()
+    assert meta["acceptance_length"] >= 1.0 and meta["steps"] == plan["total_steps"]

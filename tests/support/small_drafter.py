@@ -1,0 +1,119 @@
+"""A small EAGLE-3 drafter trained in about a minute on the embedded target's own answers.
+
+Tests and benchmarks that need a drafter which beats chance (so acceptance figures mean
+something) but cannot afford the whole graph use this: greedy answers to short questions,
+features straight from the target, 40 training steps, draft vocab 512.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eagle3_assets.target.config import read_config, text_config
+
+TRAIN_QUESTIONS = [f"What is {a}+{b}? Answer with a number only." for a, b in [(2, 3), (7, 5), (10, 4), (6, 9)]] + [
+    "Name three colors.", "What is the capital of France?", "Say hello in Spanish.", "List two fruits.",
+    "What is water made of?", "Name a large ocean.", "What color is the sky?", "Give me a synonym for happy.",
+    "How many legs does a spider have?", "What is the opposite of cold?", "Name a planet.", "What do bees make?",
+]
+HELD_OUT = ["What is the capital of Italy?", "Name two animals.", "What is 5+6? Answer with a number only.",
+            "What is the opposite of hot?", "Name a fruit that is yellow.", "How many days are in a week?",
+            "What is 9+3? Answer with a number only.", "Say goodbye in French."]
+
+
+def train_small_drafter(embedded, model_dir: Path, out_dir: Path, *, k: int = 3, layer_ids=None,
+                        steps: int = 40, export_dtype: str = "float32", attention: str = "llama",
+                        questions: list[str] | None = None, max_new_tokens: int = 24) -> Path:
+    """Train on ``questions`` (default ``TRAIN_QUESTIONS``) and return the vLLM export directory
+    (speculators format, or vLLM's MLA layout for ``attention="mla"``). float32 by default, so vLLM
+    and the project's evaluator run the very same weights; aux layers default to the target's."""
+    features = answer_features(embedded, model_dir, Path(out_dir) / "features", questions or TRAIN_QUESTIONS,
+                               layer_ids=layer_ids, max_new_tokens=max_new_tokens)
+    model = train_on_features(features, model_dir, Path(out_dir) / "train", k=k, steps=steps, attention=attention)
+    return export_vllm_float(model, model_dir, Path(out_dir) / "vllm", k=k, dtype=export_dtype)
+
+
+def answer_features(embedded, model_dir: Path, out_dir: Path, questions: list[str], *, layer_ids=None,
+                    max_new_tokens: int = 24) -> Path:
+    """The target's greedy answers to ``questions`` and their features, stored as the
+    ``hidden_states`` asset stores them (a shard directory training streams from)."""
+    from eagle3_assets.drafter.spec_decode import target_features
+    from eagle3_assets.hidden_states.write import write_samples
+    from eagle3_assets.target.layers import resolve_layer_ids
+
+    text = _text_config(model_dir)
+    layer_ids = resolve_layer_ids(text["num_hidden_layers"], list(layer_ids) if layer_ids else None)
+    prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in questions]
+    gens = embedded.generate(prompts, max_new_tokens=max_new_tokens)
+    seqs = [p + g.output_ids for p, g in zip(prompts, gens)]
+    masks = [[0] * len(p) + [1] * len(g.output_ids) for p, g in zip(prompts, gens)]
+    feats = target_features(embedded.model, seqs, masks, layer_ids)
+    write_samples(out_dir, feats, layer_ids=layer_ids, num_layers=text["num_hidden_layers"],
+                  target={"name": Path(model_dir).name, "id": "small-drafter"})
+    return Path(out_dir)
+
+
+def train_on_features(features: Path, model_dir: Path, out_dir: Path, *, k: int = 3, steps: int = 40,
+                      attention: str = "llama", draft_vocab_size: int = 512, intermediate_size: int = 256,
+                      lr: float = 3e-3, max_length: int = 64):
+    """A drafter of ``attention`` kind trained by the project's trainer on a shard directory."""
+    from eagle3_assets.drafter.model import DrafterConfig, build_drafter
+    from eagle3_assets.drafter.target_weights import read_target_embeddings, read_target_lm_head
+    from eagle3_assets.drafter.training.config import TrainSettings
+    from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset
+    from eagle3_assets.drafter.training.loop import train
+    from eagle3_assets.drafter.training.teacher import Teacher
+    from eagle3_assets.drafter.vocab_map import build_vocab_map
+
+    dataset = ShardDataset({Path(features): 1.0}, max_length=max_length)
+    vmap = build_vocab_map(dataset.token_counts(_text_config(model_dir)["vocab_size"]), draft_vocab_size)
+    teacher = Teacher(read_target_lm_head(model_dir).float(), vmap)
+    dcfg = DrafterConfig.from_target(read_config(model_dir), draft_vocab_size=draft_vocab_size,
+                                     intermediate_size=intermediate_size, attention=attention,
+                                     aux_layer_ids=dataset.aux_layer_ids)
+    model = build_drafter(dcfg, read_target_embeddings(model_dir), vmap, seed=0)
+    settings = TrainSettings(max_steps=steps, batch_size=4, ttt_steps=k, lr=lr, warmup_steps=3,
+                             checkpoint_every=steps, max_length=max_length)
+    train(settings, model, ShardBatches(dataset, 4, seed=0), teacher, Path(out_dir), progress=False)
+    dataset.close()
+    return model.eval()
+
+
+def export_vllm_float(model, model_dir: Path, out_dir: Path, *, k: int = 3, dtype: str = "float32") -> Path:
+    from eagle3_assets.drafter.export import export_vllm
+
+    return export_vllm(model, out_dir, dtype=dtype, verifier=str(model_dir), speculative_tokens=k)
+
+
+def _text_config(model_dir: Path) -> dict:
+    return text_config(read_config(model_dir))
+
+
+def served_vs_project(api_url: str, embedded, export_dir: Path, prompts, *, k: int, max_new_tokens: int):
+    """The same export's acceptance by a speculating vLLM's counters and by the project's evaluator
+    (which loads the files vLLM loaded), with the greedy reference both must reproduce:
+    ``(engine, project, figures)``."""
+    from eagle3_assets.drafter.export import load_vllm
+    from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
+    from eagle3_assets.engines.vllm.acceptance import compare, measure_acceptance
+
+    greedy = [greedy_generate(embedded.model, p, max_new_tokens=max_new_tokens, stop_ids=embedded.stop_ids)
+              for p in prompts]
+    engine = measure_acceptance(api_url, prompts, k=k, max_new_tokens=max_new_tokens, greedy_reference=greedy)
+    project = evaluate_acceptance(embedded.model, load_vllm(export_dir).float().eval(), prompts, k=k,
+                                  max_new_tokens=max_new_tokens, stop_ids=embedded.stop_ids, greedy_reference=greedy)
+    return engine, project, compare(project.as_metadata(), engine)
+
+
+def acceptance_counts(engine, project) -> dict:
+    """The integer counts behind both acceptance figures, vLLM's counters and the project's
+    evaluator side by side: verification steps with drafts, draft tokens, accepted tokens, and
+    accepted tokens at each draft position (recovered exactly from the rates: count / steps * steps)."""
+    k = project.k
+    accepted = sum(j * n for j, n in enumerate(project.accepted_histogram))
+    return {
+        "vllm": {"drafts": engine.drafts, "draft_tokens": engine.draft_tokens, "accepted_tokens": engine.accepted_tokens,
+                 "accepted_per_position": [round(r * engine.drafts) for r in engine.per_position_rate]},
+        "project": {"drafts": project.verify_steps, "draft_tokens": k * project.verify_steps, "accepted_tokens": accepted,
+                    "accepted_per_position": [round(r * project.verify_steps) for r in project.per_position_rate]},
+    }

@@ -1,0 +1,143 @@
+"""What the streaming tests share: a small corpus, job files, real subprocesses, a spool sampler.
+
+The corpus has strictly decreasing lengths, so the offline shards (one shard, longest first)
+hold the samples in corpus order, the order the spool's plan starts from: offline and
+streaming then train the same samples in the same order without changing the offline path.
+Every forward batch holds one row (``batch_tokens`` = the longest sample), so a unit's states
+do not depend on which samples share its batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import polars as pl
+import torch
+
+from eagle3_assets.drafter.training.config import DraftShape, RuntimeSettings, TrainJob, TrainSettings
+from eagle3_assets.hidden_states.spool.produce import ProducerJob
+from eagle3_assets.hidden_states.spool.settings import StreamSettings
+from eagle3_assets.paths import REPO_ROOT
+from eagle3_assets.target.ref import TargetRef
+
+DRAFT_VOCAB = 512
+LAYER_IDS = [1, 14, 26]
+
+
+def make_corpus(path: Path, n: int = 12, longest: int = 48, seed: int = 0) -> Path:
+    """``n`` train samples of strictly decreasing lengths, random ids of the target's vocabulary."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        t = longest - 2 * i
+        rows.append({"sample_id": f"s{i:03d}", "split": "train", "input_ids": torch.randint(3, 49152, (t,), generator=g).tolist(),
+                     "loss_mask": [0] * (t // 3) + [1] * (t - t // 3)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pl.DataFrame(rows, schema_overrides={"input_ids": pl.List(pl.Int32), "loss_mask": pl.List(pl.Int8)}).write_parquet(path)
+    return path
+
+
+def training(**kw) -> TrainSettings:
+    base = dict(epochs=1.0, batch_size=3, ttt_steps=2, lr=3e-3, warmup_steps=1, checkpoint_every=2, max_length=64,
+                feature_noise=0.0, keep_checkpoints=1)
+    return TrainSettings(**{**base, **kw})
+
+
+def stream_settings(spool: Path, corpus: Path, **kw) -> StreamSettings:
+    base = dict(spool_dir=str(spool), corpora={str(corpus): 1.0}, cap_bytes=3 << 20, unit_bytes=600_000,
+                layer_ids=LAYER_IDS, batch_tokens=48, poll_s=0.02)
+    return StreamSettings(**{**base, **kw})
+
+
+def train_job(model_dir: Path, out: Path, *, stream: StreamSettings | None = None, datasets: dict | None = None,
+              settings: TrainSettings | None = None) -> TrainJob:
+    return TrainJob(target=TargetRef(model_dir=str(model_dir)), out_dir=str(out), datasets=datasets or {}, stream=stream,
+                    training=settings or training(),
+                    shape=DraftShape(draft_vocab_size=DRAFT_VOCAB, intermediate_size=256, aux_layer_ids=LAYER_IDS),
+                    runtime=RuntimeSettings(threads=1, progress=False, device="cpu"))
+
+
+def producer_job(spool: Path, model_dir: Path, name: str = "p0") -> ProducerJob:
+    return ProducerJob(spool_dir=str(spool), target=TargetRef(model_dir=str(model_dir)), device="cpu", model_dtype="float32",
+                       threads=1, name=name, poll_s=0.02, heartbeat_s=0.5)
+
+
+def env() -> dict:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
+    e.update(PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return e
+
+
+def spawn_producer(job_path: Path, log: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "eagle3_assets.hidden_states.spool", "--config", str(job_path), *extra],
+                            env=env(), cwd=REPO_ROOT, stdout=open(log, "a"), stderr=subprocess.STDOUT)
+
+
+def spawn_trainer(job_path: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "eagle3_assets.drafter.training", "--config", str(job_path)],
+                            env=env(), cwd=REPO_ROOT, stdout=open(log, "a"), stderr=subprocess.STDOUT)
+
+
+def filesystem_bytes(root: Path) -> int:
+    """Every file's size under ``root``, read here from the filesystem (not the spool's own count)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+class Sampler:
+    """Samples the spool's bytes from the filesystem every ``every_s`` seconds; ``peak`` is the most seen."""
+
+    def __init__(self, root: Path, every_s: float = 0.01):
+        self.root, self.peak, self.samples = Path(root), 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every_s):
+        while not self._stop.is_set():
+            if self.root.exists():
+                self.peak = max(self.peak, filesystem_bytes(self.root))
+                self.samples += 1
+            time.sleep(every_s)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def wait_for(cond, timeout: float, what: str, procs=()):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        for p in procs:
+            if p.poll() is not None and p.returncode != 0:
+                raise AssertionError(f"{what}: a process ended with {p.returncode}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def cursor_step(spool: Path) -> int:
+    try:
+        return json.loads((spool / "cursor.json").read_text()).get("step") or 0
+    except (OSError, ValueError):
+        return 0
+
+
+def captured_units(spool: Path) -> list[dict]:
+    path = spool / "captures.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
