@@ -45,11 +45,11 @@ except ImportError:  # pragma: no cover
     psutil = None
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle3_assets.generation.backends import OpenRouterBackend  # noqa: E402
+from eagle3_assets.engines.http.samples import SampleRequest, SamplingSettings  # noqa: E402
+from eagle3_assets.engines.openrouter.backend import OpenRouterBackend  # noqa: E402
 from eagle3_assets.generation.budget import TokenBudget  # noqa: E402
 from eagle3_assets.generation.http_engine import ClientConfig, RetryPolicy, run_generation  # noqa: E402
 from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
-from eagle3_assets.generation.samples import SampleRequest, SamplingSettings  # noqa: E402
 
 KEY = "sk-bench-loopback"
 

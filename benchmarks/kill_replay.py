@@ -44,12 +44,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eagle3_assets.corpus.inventory import response_frame, summarize  # noqa: E402
+from eagle3_assets.engines.http.samples import SampleRequest, SamplingSettings  # noqa: E402
+from eagle3_assets.engines.openrouter.backend import OpenRouterBackend  # noqa: E402
 from eagle3_assets.generation import response_store  # noqa: E402
-from eagle3_assets.generation.backends import OpenRouterBackend  # noqa: E402
 from eagle3_assets.generation.budget import TokenBudget  # noqa: E402
 from eagle3_assets.generation.http_engine import generate_http  # noqa: E402
 from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
-from eagle3_assets.generation.samples import SampleRequest, SamplingSettings  # noqa: E402
 from eagle3_assets.loopback import messages_key  # noqa: E402
 from eagle3_assets.loopback.process import loopback_process  # noqa: E402
 from eagle3_assets.paths import DataLayout, ensure_dagster_home  # noqa: E402

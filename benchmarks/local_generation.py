@@ -16,10 +16,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from results import record  # noqa: E402
 
+from eagle3_assets.engines.http.samples import SamplingSettings, plan_samples  # noqa: E402
 from eagle3_assets.generation.budget import TokenBudget  # noqa: E402
 from eagle3_assets.generation.local import generate_local  # noqa: E402
 from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
-from eagle3_assets.generation.samples import SamplingSettings, plan_samples  # noqa: E402
 from eagle3_assets.paths import BUNDLED, DataLayout  # noqa: E402
 from eagle3_assets.prompts.reader import read_prompt_file  # noqa: E402
 from eagle3_assets.target.embedded import EmbeddedModel, ensure_default_model  # noqa: E402

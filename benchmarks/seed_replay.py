@@ -46,12 +46,12 @@ from results import record
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from eagle3_assets.engines.http.samples import SamplingSettings  # noqa: E402
+from eagle3_assets.engines.openrouter.backend import OpenRouterBackend  # noqa: E402
 from eagle3_assets.generation.admission import AdmissionPolicy  # noqa: E402
-from eagle3_assets.generation.backends import OpenRouterBackend  # noqa: E402
 from eagle3_assets.generation.dataset_run import prepare_dataset  # noqa: E402
 from eagle3_assets.generation.http_engine import EngineSettings, generate_datasets  # noqa: E402
 from eagle3_assets.generation.response_store import ResponseStore  # noqa: E402
-from eagle3_assets.generation.samples import SamplingSettings  # noqa: E402
 from eagle3_assets.loopback.process import loopback_process  # noqa: E402
 from eagle3_assets.paths import DataLayout  # noqa: E402
 from eagle3_assets.prompts.reader import Prompt  # noqa: E402

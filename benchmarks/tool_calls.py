@@ -79,7 +79,7 @@ def prompts_pass(tok, path: Path, out: Path) -> tuple[float, float, int]:
 
 
 def reconstruction(tok, model, prompts, batch: int = 16, malform: str | None = None) -> dict:
-    from eagle3_assets.generation.samples import SampleRequest
+    from eagle3_assets.engines.http.samples import SampleRequest
     from eagle3_assets.loopback.tool_replies import ToolCaller
     from eagle3_assets.target.tool_calls import KimiFormat
     from eagle3_assets.tokens.rows import build_token_row

@@ -28,25 +28,5 @@ class OpenRouterResource(dg.ConfigurableResource):
     def resolved_api_key(self) -> str:
         return self.api_key or os.environ.get(self.api_key_env, "")
 
-    def backend(self, model: str):
-        """The backend for ``model``, the target's served name (its OpenRouter slug)."""
-        from eagle3_assets.generation.backends import OpenRouterBackend
-        from eagle3_assets.generation.http_config import Prices
-
-        key = self.resolved_api_key()
-        if not key:
-            raise ValueError(f"no OpenRouter API key: set {self.api_key_env} where the code location runs, "
-                             "then reload it")
-        prices = None
-        if self.usd_per_million_prompt or self.usd_per_million_completion:
-            prices = Prices.per_million(self.usd_per_million_prompt, self.usd_per_million_completion)
-        return OpenRouterBackend(key, model, provider=self.provider or None,
-                                 reasoning=self.reasoning or None, base_url=self.base_url, prices=prices)
-
     def default_in_flight(self) -> int:
         return self.max_in_flight
-
-    def client_config(self):
-        from eagle3_assets.generation.http_config import ClientConfig
-
-        return ClientConfig(connections_per_client=self.connections_per_client, read_timeout_s=self.read_timeout_s)

@@ -33,21 +33,5 @@ class SGLangResource(dg.ConfigurableResource):
         return {"skip_special_tokens": self.skip_special_tokens,
                 "spaces_between_special_tokens": self.spaces_between_special_tokens, "no_stop_trim": self.no_stop_trim}
 
-    def backend(self, render_prompt, *, stop_token_ids: list[int] | None = None, parse_tool_calls=None):
-        """``stop_token_ids``: the target's end of turn, sent with every request (a Kimi-K2.5 config's
-        ``eos_token_id`` is not it); ``parse_tool_calls(output_ids)`` reads a reply's calls."""
-        from eagle3_assets.generation.backends import SGLangBackend
-
-        sampling = {"stop_token_ids": list(stop_token_ids)} if stop_token_ids else None
-        return SGLangBackend(self.base_urls, render_prompt, api_key=self.api_key or None,
-                             health_check=self.health_check, repair_prefix_bug=self.repair_prefix_bug,
-                             text_options=self.text_options(), sampling_params=sampling,
-                             parse_tool_calls=parse_tool_calls)
-
     def default_in_flight(self) -> int:
         return self.max_in_flight_per_url * max(1, len(self.base_urls))
-
-    def client_config(self):
-        from eagle3_assets.generation.http_config import ClientConfig
-
-        return ClientConfig(connections_per_client=self.connections_per_client, read_timeout_s=self.read_timeout_s)

@@ -26,17 +26,5 @@ class VLLMResource(dg.ConfigurableResource):
     extraction_concurrency: int = 8  # requests in flight per extraction batch
     max_in_flight_per_url: int = 256  # each server's own gate, for all datasets of a run together
 
-    def backend(self, render_prompt, served_name: str = "", stop_token_ids: list[int] | None = None):
-        """``stop_token_ids``: the target's end of turn, sent with every request."""
-        from eagle3_assets.generation.openai_ids import OpenAIIdsBackend
-
-        return OpenAIIdsBackend(self.base_urls, preferred_model=served_name, stop_token_ids=stop_token_ids,
-                                render_prompt=render_prompt, endpoint=self.endpoint, api_key=self.api_key or None)
-
     def default_in_flight(self) -> int:
         return self.max_in_flight_per_url * max(1, len(self.base_urls))
-
-    def client_config(self):
-        from eagle3_assets.generation.http_config import ClientConfig
-
-        return ClientConfig(connections_per_client=self.connections_per_client, read_timeout_s=self.read_timeout_s)

@@ -8,10 +8,12 @@ a typed choice, so a wrong name is refused by the config schema with the list of
 stage requires the resources ``engine_resources(role)`` lists and hands them to the role.
 
 Each engine package holds its server process, its version rule and its CPU support where it has
-them (``sglang/``: ``server.py``, ``capture.py``, ``acceptance.py``, ``cpu/``; ``vllm/``:
-``server.py``, ``extractor.py``, ``connector.py``, ``acceptance.py``), and its roles in ``roles.py``.
-What every engine shares sits beside them: ``process.py`` (a server's lifecycle), ``versions.py``
-(which versions serve what, for which target) and ``roles.py``.
+them, and its HTTP backend where the stage reaches it over HTTP (``sglang/``: ``server.py``,
+``backend.py``, ``capture.py``, ``acceptance.py``, ``cpu/``; ``vllm/``: ``server.py``, ``openai_ids.py``,
+``extractor.py``, ``connector.py``, ``acceptance.py``; ``openrouter/``: ``backend.py``), and its roles in
+``roles.py``. What every engine shares sits beside them: ``process.py`` (a server's lifecycle),
+``versions.py`` (which versions serve what, for which target), ``roles.py`` and ``http/`` (the wire the
+HTTP backends share with the generation stage's HTTP engine).
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ class HttpGeneration:
     """An engine reached over HTTP, as the generation stage's HTTP engine drives it."""
 
     backend: Any  # keeps the HTTP engine's backend protocol (prepare/request/parse/preflight/postflight/redact)
-    client: Any  # generation.http_config.ClientConfig: connections and timeouts
+    client: Any  # engines.http.client.ClientConfig: connections and timeouts
     in_flight: int  # the run's gate: requests in flight for every dataset together
 
 

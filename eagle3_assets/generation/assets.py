@@ -22,11 +22,11 @@ from typing import Literal
 import dagster as dg
 
 from eagle3_assets.engines import engine_names, engine_resources, engine_role
+from eagle3_assets.engines.http.samples import SamplingSettings
+from eagle3_assets.engines.http.tool_flags import TOOLS_SENT, TOOLS_UNUSED, unused_tools_line
 from eagle3_assets.errors import UserInputError
 from eagle3_assets.generation.admission import POLICIES, AdmissionPolicy
 from eagle3_assets.generation.dataset_run import PreparedDataset, missing_line, prepare_dataset, summarize
-from eagle3_assets.generation.samples import SamplingSettings
-from eagle3_assets.generation.tool_calls import TOOLS_SENT, TOOLS_UNUSED, unused_tools_line
 from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.assets import prompts

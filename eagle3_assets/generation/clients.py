@@ -14,7 +14,7 @@ import ssl
 
 import httpx
 
-from eagle3_assets.generation.http_config import ClientConfig
+from eagle3_assets.engines.http.client import ClientConfig
 
 
 def _ssl_context() -> ssl.SSLContext:

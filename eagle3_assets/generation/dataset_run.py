@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from eagle3_assets.engines.http.samples import SampleRequest, SamplingSettings, plan_samples
 from eagle3_assets.errors import UserInputError
 from eagle3_assets.generation.admission import AdmissionPolicy
 from eagle3_assets.generation.budget import TokenBudget
@@ -19,7 +20,6 @@ from eagle3_assets.generation.http_report import HttpGenerationReport
 from eagle3_assets.generation.lanes import DatasetJob
 from eagle3_assets.generation.plan import DatasetState, RunPlan, plan_remaining
 from eagle3_assets.generation.response_store import ResponseStore
-from eagle3_assets.generation.samples import SampleRequest, SamplingSettings, plan_samples
 from eagle3_assets.paths import DataLayout
 from eagle3_assets.prompts.table import read_prompt_table
 

@@ -1,11 +1,12 @@
-"""Typed settings of the HTTP engine: retries, the client shards, listed prices, and the run itself."""
+"""Typed settings of the HTTP engine: retries and the run itself (the client's connections and a
+backend's listed prices are the engines' wire: ``engines/http/client.py``)."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
 
-import httpx
+from eagle3_assets.engines.http.client import ClientConfig
 
 
 @dataclass(frozen=True)
@@ -25,33 +26,6 @@ class RetryPolicy:
         if retry_after is not None:
             d = max(d, min(retry_after, self.max_retry_after_s))
         return d
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    connections_per_client: int = 10  # shard size: one AsyncClient per this many workers
-    single_client: bool = False  # one client with a pool of `concurrency` (for comparison only)
-    connect_timeout_s: float = 15.0
-    read_timeout_s: float = 900.0  # the longest silent gap: a whole non-streaming generation
-    write_timeout_s: float = 60.0
-    attempt_timeout_s: float | None = 1800.0  # whole-attempt deadline (heartbeats reset read timeouts)
-    keepalive_expiry_s: float = 60.0
-
-    def timeout(self) -> httpx.Timeout:
-        return httpx.Timeout(connect=self.connect_timeout_s, read=self.read_timeout_s,
-                             write=self.write_timeout_s, pool=None)
-
-
-@dataclass(frozen=True)
-class Prices:
-    """USD per token; used only for *estimates* before a run (rows carry the billed ``usage.cost``)."""
-
-    prompt: float
-    completion: float
-
-    @classmethod
-    def per_million(cls, prompt: float, completion: float) -> Prices:
-        return cls(prompt / 1e6, completion / 1e6)
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@
 resume and report); ``run_generation`` is the one-dataset form. Resumable by sample id across every
 source on disk, so a dataset can be started on one backend and finished on another.
 
-The parts live in their own modules: reply classification (:mod:`classify`), settings
-(:mod:`http_config`), reports and progress (:mod:`http_report`), the pre-run plan (:mod:`plan`),
-budget admission (:mod:`admission`), one dataset's state in a run (:mod:`lanes`), the client shards
-(:mod:`clients`) and the run loop (:mod:`http_run`). This module puts them together and keeps the
-names backends and callers import.
+The parts live in their own modules: below the stage, the backends' wire, reply classification and
+the client's settings (``engines/http/``); here the run's settings (:mod:`http_config`), reports
+and progress (:mod:`http_report`), the pre-run plan (:mod:`plan`), budget admission
+(:mod:`admission`), one dataset's state in a run (:mod:`lanes`), the client shards (:mod:`clients`)
+and the run loop (:mod:`http_run`). This module puts them together and keeps the names callers import.
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ import math
 import time
 from collections.abc import Callable, Iterable
 
+from eagle3_assets.engines.http.classify import Outcome, classify, classify_exception, parse_retry_after
+from eagle3_assets.engines.http.client import ClientConfig, Prices
+from eagle3_assets.engines.http.samples import SampleRequest, SamplingSettings
+from eagle3_assets.engines.http.wire import BackendUnavailable
 from eagle3_assets.generation.admission import POLICIES, AdmissionPolicy
 from eagle3_assets.generation.budget import TokenBudget
-from eagle3_assets.generation.classify import Outcome, classify, classify_exception, parse_retry_after
 from eagle3_assets.generation.clients import ClientShards
-from eagle3_assets.generation.http_config import ClientConfig, EngineSettings, Prices, RetryPolicy
+from eagle3_assets.generation.http_config import EngineSettings, RetryPolicy
 from eagle3_assets.generation.http_report import (
-    BackendUnavailable,
     HttpGenerationReport,
     Progress,
     RunStopped,
@@ -35,7 +37,6 @@ from eagle3_assets.generation.key_ledger import KeyLedger
 from eagle3_assets.generation.lanes import DatasetJob, Lane
 from eagle3_assets.generation.plan import DatasetState, RunPlan, plan_remaining
 from eagle3_assets.generation.response_store import ResponseStore
-from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
 
 __all__ = [
     "POLICIES", "AdmissionPolicy", "BackendUnavailable", "ClientConfig", "DatasetJob", "DatasetState",

@@ -17,10 +17,6 @@ from dataclasses import dataclass, field
 OK_STOPS = (None, "budget", "max_new_samples")
 
 
-class BackendUnavailable(RuntimeError):
-    """The backend failed its pre-run health check."""
-
-
 class RunStopped(RuntimeError):
     """Raised by :func:`raise_for_stop` for a run that stopped on 401 / credits / key limit."""
 

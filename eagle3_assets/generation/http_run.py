@@ -29,14 +29,14 @@ from collections.abc import Callable
 
 import httpx
 
-from eagle3_assets.generation.classify import Outcome, classify_exception
+from eagle3_assets.engines.http.classify import Outcome, classify_exception
+from eagle3_assets.engines.http.samples import SampleRequest, SamplingSettings
+from eagle3_assets.engines.http.wire import now_iso
 from eagle3_assets.generation.gate import GateMeter, Waiters
 from eagle3_assets.generation.http_config import EngineSettings
 from eagle3_assets.generation.http_report import HttpGenerationReport, Progress
 from eagle3_assets.generation.lanes import Lane
 from eagle3_assets.generation.loop_lag import LoopLag
-from eagle3_assets.generation.response_store import now_iso
-from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
 
 log = logging.getLogger("eagle3_assets.http")
 UNSEEN_EPSILON_USD = 1e-9

@@ -19,7 +19,6 @@ key: spend by another process on the same key in that window lands here too (``C
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -29,7 +28,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_assets.generation.response_store import JsonlAppender, ResponseStore, complete_length, iter_jsonl, now_iso
+from eagle3_assets.engines.http.wire import now_iso
+from eagle3_assets.generation.response_store import JsonlAppender, ResponseStore, complete_length, iter_jsonl
 from eagle3_assets.processes import alive
 
 KEY_LEDGER = "key_usage.jsonl"
@@ -38,11 +38,6 @@ DEAD_RUN_REASON = "billed_to_dead_run"
 CAVEAT = ("from the key's usage between the run's start and the next reading of it: any other use of the same "
           "key in that window (another run, another tool) is counted too; run one generation per key at a time "
           "for an exact figure")
-
-
-def key_id(api_key: str) -> str:
-    """A fingerprint that tells keys apart without revealing them."""
-    return hashlib.sha256(api_key.encode()).hexdigest()[:12]
 
 
 def _write_json(path: Path, obj: dict) -> None:

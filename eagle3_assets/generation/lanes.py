@@ -16,12 +16,13 @@ from collections import deque
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
+from eagle3_assets.engines.http.classify import MISSING_REASONING
+from eagle3_assets.engines.http.samples import SampleRequest
+from eagle3_assets.engines.http.wire import now_iso
 from eagle3_assets.generation.admission import AdmissionPolicy, BudgetGate, LengthStats, Reservation
 from eagle3_assets.generation.budget import TokenBudget
-from eagle3_assets.generation.classify import MISSING_REASONING
 from eagle3_assets.generation.http_report import HttpGenerationReport
-from eagle3_assets.generation.response_store import JsonlAppender, ResponseStore, now_iso
-from eagle3_assets.generation.samples import SampleRequest
+from eagle3_assets.generation.response_store import JsonlAppender, ResponseStore
 
 
 @dataclass

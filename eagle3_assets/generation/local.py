@@ -17,10 +17,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from eagle3_assets.engines.http.samples import SampleRequest, SamplingSettings
+from eagle3_assets.engines.http.tool_flags import tool_flags
+from eagle3_assets.engines.http.wire import now_iso
 from eagle3_assets.generation.budget import TokenBudget
-from eagle3_assets.generation.response_store import ResponseStore, now_iso
-from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
-from eagle3_assets.generation.tool_calls import tool_flags
+from eagle3_assets.generation.response_store import ResponseStore
 
 SOURCE = "local"
 MAX_PADDING = 0.25  # padded positions allowed, as a share of the batch's prompt + new-token positions

@@ -13,10 +13,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from eagle3_assets.engines.http.client import Prices
+from eagle3_assets.engines.http.samples import SampleRequest
 from eagle3_assets.generation.admission import LengthStats
-from eagle3_assets.generation.http_config import Prices
 from eagle3_assets.generation.response_store import ResponseStore
-from eagle3_assets.generation.samples import SampleRequest
 
 RECENT = 4096  # reply lengths kept for the budget estimator
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -254,6 +253,3 @@ class ResponseWriter(_AppendOnlyFile):
         self.sync()
 
 
-
-def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

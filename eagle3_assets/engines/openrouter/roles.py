@@ -14,8 +14,12 @@ class OpenRouterGenerate:
     resources = ("openrouter",)
 
     def http(self, resources, spec, tokenizer, concurrency: int) -> HttpGeneration:
+        from eagle3_assets.engines.http.client import client_config
+        from eagle3_assets.engines.openrouter.backend import openrouter_backend
+
         r = resources.openrouter  # the model asked for is the target's served name (its OpenRouter slug)
-        return HttpGeneration(r.backend(spec.served_name), r.client_config(), concurrency or r.default_in_flight())
+        return HttpGeneration(openrouter_backend(r, spec.served_name), client_config(r),
+                              concurrency or r.default_in_flight())
 
 
 GENERATE = OpenRouterGenerate()

@@ -14,11 +14,14 @@ class SGLangGenerate:
     resources = ("sglang",)
 
     def http(self, resources, spec, tokenizer, concurrency: int) -> HttpGeneration:
+        from eagle3_assets.engines.http.client import client_config
+        from eagle3_assets.engines.sglang.backend import sglang_backend
+
         tok = tokenizer()
         r = resources.sglang
         stops = [tok.end_of_turn_id]  # the template's turn end: K2.5's eos_token_id is not it
-        return HttpGeneration(r.backend(tok.render_prompt, stop_token_ids=stops, parse_tool_calls=tok.parse_tool_calls),
-                              r.client_config(), concurrency or r.default_in_flight())
+        backend = sglang_backend(r, tok.render_prompt, stop_token_ids=stops, parse_tool_calls=tok.parse_tool_calls)
+        return HttpGeneration(backend, client_config(r), concurrency or r.default_in_flight())
 
 
 class SGLangExtract:

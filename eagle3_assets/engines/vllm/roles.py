@@ -15,11 +15,14 @@ class VLLMGenerate:
     resources = ("vllm",)
 
     def http(self, resources, spec, tokenizer, concurrency: int) -> HttpGeneration:
+        from eagle3_assets.engines.http.client import client_config
+        from eagle3_assets.engines.vllm.openai_ids import openai_ids_backend
+
         tok = tokenizer()
         r = resources.vllm
         stops = [tok.end_of_turn_id]  # the template's turn end: K2.5's eos_token_id is not it
-        return HttpGeneration(r.backend(tok.render_prompt, spec.served_name, stop_token_ids=stops), r.client_config(),
-                              concurrency or r.default_in_flight())
+        backend = openai_ids_backend(r, tok.render_prompt, spec.served_name, stop_token_ids=stops)
+        return HttpGeneration(backend, client_config(r), concurrency or r.default_in_flight())
 
 
 class VLLMExtract:

@@ -59,8 +59,8 @@ class EchoGenerate:
     calls: list = []
 
     def http(self, resources, spec, tokenizer, concurrency):
-        from eagle3_assets.generation.backends import SGLangBackend
-        from eagle3_assets.generation.http_config import ClientConfig
+        from eagle3_assets.engines.http.client import ClientConfig
+        from eagle3_assets.engines.sglang.backend import SGLangBackend
 
         tok = tokenizer()
         self.calls.append(spec.name)

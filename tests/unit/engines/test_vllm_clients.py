@@ -16,6 +16,7 @@ import httpx
 import pytest
 import torch
 
+from eagle3_assets.engines.http.samples import SampleRequest, SamplingSettings
 from eagle3_assets.engines.vllm.acceptance import acceptance_from_counters, compare, parse_prometheus
 from eagle3_assets.engines.vllm.extractor import (
     VLLMExtractionError,
@@ -24,9 +25,8 @@ from eagle3_assets.engines.vllm.extractor import (
     vllm_layer_ids,
     wait_unlocked,
 )
+from eagle3_assets.engines.vllm.openai_ids import OpenAIIdsBackend
 from eagle3_assets.engines.vllm.server import CPU_CONNECTOR, CPU_CONNECTOR_MODULE, PACKAGE_PARENT, VLLMServer
-from eagle3_assets.generation.openai_ids import OpenAIIdsBackend
-from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
 
 PROMPT = [1, 9690, 198, 2683, 359, 2, 198, 1, 4093, 198, 1780, 314, 216, 34, 27, 35, 47, 2, 198, 1, 520, 9531, 198]
 OUTPUT = [34, 1232, 216, 35, 446, 216, 37, 2]

@@ -12,11 +12,11 @@ import asyncio
 
 import pytest
 
-from eagle3_assets.generation.backends import OpenRouterBackend
+from eagle3_assets.engines.http.samples import SampleRequest, SamplingSettings
+from eagle3_assets.engines.openrouter.backend import OpenRouterBackend
 from eagle3_assets.generation.budget import TokenBudget
 from eagle3_assets.generation.http_engine import RetryPolicy, run_generation
 from eagle3_assets.generation.response_store import ResponseStore
-from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
 from eagle3_assets.loopback import OpenRouterApp, SyntheticGenerator, serve_in_thread
 
 KEY = "sk-or-v1-budget-test"

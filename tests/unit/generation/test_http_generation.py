@@ -20,7 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eagle3_assets.generation.backends import OpenRouterBackend, SGLangBackend
+from eagle3_assets.engines.http.samples import SamplingSettings, plan_samples
+from eagle3_assets.engines.openrouter.backend import OpenRouterBackend
+from eagle3_assets.engines.sglang.backend import SGLangBackend
 from eagle3_assets.generation.budget import TokenBudget
 from eagle3_assets.generation.http_engine import (
     BackendUnavailable,
@@ -35,7 +37,6 @@ from eagle3_assets.generation.http_engine import (
     run_generation,
 )
 from eagle3_assets.generation.response_store import RESPONSE_FIELDS, ResponseStore
-from eagle3_assets.generation.samples import SamplingSettings, plan_samples
 from eagle3_assets.loopback import (
     FaultPlan,
     ModelGenerator,

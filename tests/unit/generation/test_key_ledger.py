@@ -12,7 +12,8 @@ import pytest
 
 from eagle3_assets.corpus.inventory import response_frame, summarize, write_inventory
 from eagle3_assets.corpus.report import print_inventory
-from eagle3_assets.generation.key_ledger import DEAD_RUN_REASON, KEY_LEDGER, OPEN_RUN, KeyLedger, key_id
+from eagle3_assets.engines.http.wire import key_id
+from eagle3_assets.generation.key_ledger import DEAD_RUN_REASON, KEY_LEDGER, OPEN_RUN, KeyLedger
 from eagle3_assets.generation.response_store import JsonlAppender, ResponseStore
 from eagle3_assets.paths import DataLayout
 

@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 
 from eagle3_assets.corpus.inventory import response_frame, summarize
-from eagle3_assets.generation.backends import OpenRouterBackend
+from eagle3_assets.engines.http.samples import SampleRequest, SamplingSettings
+from eagle3_assets.engines.openrouter.backend import OpenRouterBackend
 from eagle3_assets.generation.budget import TokenBudget
 from eagle3_assets.generation.http_engine import RetryPolicy, run_generation
 from eagle3_assets.generation.key_ledger import DEAD_RUN_REASON, KEY_LEDGER
 from eagle3_assets.generation.response_store import ResponseStore
-from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
 from eagle3_assets.loopback import FaultPlan, OpenRouterApp, SyntheticGenerator, messages_key
 
 KEY = "sk-or-v1-kill-test-0123456789abcdef"

@@ -7,10 +7,10 @@ The model test uses a ~300-token prompt so it runs in seconds on a CPU.
 
 import pytest
 
+from eagle3_assets.engines.http.samples import SamplingSettings, plan_samples
 from eagle3_assets.generation.budget import TokenBudget
 from eagle3_assets.generation.local import generate_local, length_batches
 from eagle3_assets.generation.response_store import ResponseStore
-from eagle3_assets.generation.samples import SamplingSettings, plan_samples
 from eagle3_assets.prompts.rows import Prompt
 
 

@@ -1,8 +1,8 @@
 import pytest
 
+from eagle3_assets.engines.http.samples import SamplingSettings, sample_id
 from eagle3_assets.generation.budget import TokenBudget
 from eagle3_assets.generation.response_store import CorruptResponseFile, ResponseStore
-from eagle3_assets.generation.samples import SamplingSettings, sample_id
 
 
 def row(sid, tokens=3, source="local"):

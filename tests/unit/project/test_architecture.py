@@ -245,17 +245,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
              "benchmarks")),
 ]
 # The backward imports still in the tree, each with its reason; the rule fails on any other, and on an
-# entry here that no longer exists. They go with the engines' registry (issue 42, "Engines"): a
-# resource then holds its settings and connections, and the stage asks the engine's role for the object.
-_BUILT_BY_RESOURCE = "the resource builds a stage's object (backend(), extractor()); the engine registry takes that over"
-LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("eagle3_assets.resources.openrouter", "eagle3_assets.generation.backends"): _BUILT_BY_RESOURCE,
-    ("eagle3_assets.resources.openrouter", "eagle3_assets.generation.http_config"): _BUILT_BY_RESOURCE,
-    ("eagle3_assets.resources.sglang", "eagle3_assets.generation.backends"): _BUILT_BY_RESOURCE,
-    ("eagle3_assets.resources.sglang", "eagle3_assets.generation.http_config"): _BUILT_BY_RESOURCE,
-    ("eagle3_assets.resources.vllm", "eagle3_assets.generation.http_config"): _BUILT_BY_RESOURCE,
-    ("eagle3_assets.resources.vllm", "eagle3_assets.generation.openai_ids"): _BUILT_BY_RESOURCE,
-}
+# entry here that no longer exists. None is left: the last ones were the HTTP engines' resources building
+# the generation stage's backends, which now live with their engines (engines/<name>/, on the shared wire
+# of engines/http/) and are built by each engine's generate role from its resource's settings.
+LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def layer_of(module: str) -> tuple[int, str] | None:
@@ -308,9 +301,13 @@ def test_no_module_imports_a_later_stage_or_a_higher_layer():
     assert not found, f"{len(found)} backward imports: " + "; ".join(found)
 
 
+def stale_exceptions(graph: dict[str, set[str]]) -> list[str]:
+    """`importer -> imported` for each LAYER_EXCEPTIONS entry that is no longer an import."""
+    return [f"{a} -> {b}" for a, b in LAYER_EXCEPTIONS if b not in graph.get(a, ())]
+
+
 def test_every_listed_exception_is_still_an_import():
-    graph = import_graph()
-    gone = [f"{a} -> {b}" for a, b in LAYER_EXCEPTIONS if b not in graph.get(a, ())]
+    gone = stale_exceptions(import_graph())
     assert not gone, "remove from LAYER_EXCEPTIONS, no longer imported: " + ", ".join(gone)
 
 
@@ -319,9 +316,9 @@ def test_no_import_cycles_between_packages():
     assert not cycles, "import cycles between packages: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
-def test_the_layer_rule_names_an_injected_backward_import(tmp_path):
-    """The checker itself: a floor module reaching up into a stage through a function-local relative
-    import, and a stage importing a later one, are both named; imports down and sideways are not."""
+def _tree_with_backward_imports(tmp_path: Path) -> dict[str, set[str]]:
+    """A written tree: a floor module reaching up into a stage through a function-local relative
+    import, a stage importing a later one, and imports down and sideways."""
     root = tmp_path / "eagle3_assets"
     for package in ("target", "prompts", "tokens"):
         (root / package).mkdir(parents=True)
@@ -335,10 +332,26 @@ def test_the_layer_rule_names_an_injected_backward_import(tmp_path):
     (root / "prompts" / "build.py").write_text("import eagle3_assets.tokens.vocab\n")
     for other in list(PACKAGES)[1:]:
         (tmp_path / other).mkdir()
-    graph = import_graph(tmp_path)
+    return import_graph(tmp_path)
+
+
+def test_the_layer_rule_names_an_injected_backward_import(tmp_path):
+    """The checker itself: both backward imports are named; imports down and sideways are not."""
+    graph = _tree_with_backward_imports(tmp_path)
     assert backward_imports(graph) == [
         "eagle3_assets.prompts.build -> eagle3_assets.tokens.vocab (prompts < tokens)",
         "eagle3_assets.target.spec -> eagle3_assets.tokens.table (floor < tokens)",
     ]
     assert find_cycles(package_graph(graph)) == [["eagle3_assets.target", "eagle3_assets.tokens"]]
     assert unclassified_modules(graph) == []
+
+
+def test_a_listed_exception_excuses_its_one_import_and_its_package_edge(tmp_path, monkeypatch):
+    """The list (empty in the tree) still works: an entry excuses that import only, in the layer rule
+    and in the package graph, and the stale-entry check names an entry that is no import."""
+    graph = _tree_with_backward_imports(tmp_path)
+    monkeypatch.setitem(LAYER_EXCEPTIONS, ("eagle3_assets.target.spec", "eagle3_assets.tokens.table"), "a reason")
+    assert backward_imports(graph) == ["eagle3_assets.prompts.build -> eagle3_assets.tokens.vocab (prompts < tokens)"]
+    assert find_cycles(package_graph(graph)) == []
+    monkeypatch.setitem(LAYER_EXCEPTIONS, ("eagle3_assets.target.spec", "eagle3_assets.tokens.vocab"), "no such import")
+    assert stale_exceptions(graph) == ["eagle3_assets.target.spec -> eagle3_assets.tokens.vocab"]

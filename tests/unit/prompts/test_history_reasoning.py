@@ -4,8 +4,8 @@ the backend's refusal of a history tool-call turn without reasoning reported as 
 
 import pytest
 
-from eagle3_assets.generation.backends import openrouter_messages
-from eagle3_assets.generation.classify import MISSING_REASONING, classify
+from eagle3_assets.engines.http.classify import MISSING_REASONING, classify
+from eagle3_assets.engines.openrouter.backend import openrouter_messages
 from eagle3_assets.generation.http_report import HttpGenerationReport
 from eagle3_assets.prompts.problems import RowError
 from eagle3_assets.prompts.rows import parse_row

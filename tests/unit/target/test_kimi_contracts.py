@@ -93,7 +93,8 @@ def test_stop_token_kept_in_text_is_not_counted_twice(kimi):
 # --- SGLang text options -------------------------------------------------------------------------
 
 def test_sglang_text_options_are_sent_and_shape_the_text(kimi):
-    from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
+    from eagle3_assets.engines.http.samples import SampleRequest, SamplingSettings
+    from eagle3_assets.engines.sglang.backend import sglang_backend
     from eagle3_assets.loopback.generators import ModelGenerator, Output
     from eagle3_assets.loopback.sglang_app import SGLangApp
     from eagle3_assets.resources import SGLangResource
@@ -101,10 +102,10 @@ def test_sglang_text_options_are_sent_and_shape_the_text(kimi):
     req = SampleRequest(sample_id="s1", dataset="d", prompt_id="p", sample_index=0,
                         messages=[{"role": "user", "content": "Hi"}])
     sampling = SamplingSettings(target="t")
-    default = SGLangResource().backend(kimi.render_prompt).prepare(req, max_tokens=8, sampling=sampling)
+    default = sglang_backend(SGLangResource(), kimi.render_prompt).prepare(req, max_tokens=8, sampling=sampling)
     sp = default.payload["sampling_params"]
     assert (sp["skip_special_tokens"], sp["spaces_between_special_tokens"], sp["no_stop_trim"]) == (False, False, False)
-    custom = SGLangResource(skip_special_tokens=True, no_stop_trim=True).backend(kimi.render_prompt)
+    custom = sglang_backend(SGLangResource(skip_special_tokens=True, no_stop_trim=True), kimi.render_prompt)
     assert custom.prepare(req, max_tokens=8, sampling=sampling).payload["sampling_params"]["no_stop_trim"] is True
     # the loopback detokenizes as SGLang does with the options it is sent
     gen = SimpleNamespace(decode_with=lambda ids, **kw: ModelGenerator.decode_with(
@@ -285,7 +286,8 @@ def test_kimi_mini_thinking_rows_over_sglang_http_calibrate(kimi_mini_dir):
     with the resource's text options), parsed by the backend, rebuilt by token_ids."""
     import httpx
 
-    from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
+    from eagle3_assets.engines.http.samples import SampleRequest, SamplingSettings
+    from eagle3_assets.engines.sglang.backend import sglang_backend
     from eagle3_assets.loopback import ModelGenerator, SGLangApp, serve_in_thread
     from eagle3_assets.resources import SGLangResource
     from eagle3_assets.target.embedded import EmbeddedModel
@@ -293,7 +295,7 @@ def test_kimi_mini_thinking_rows_over_sglang_http_calibrate(kimi_mini_dir):
 
     tok = TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True)
     with serve_in_thread(SGLangApp(ModelGenerator(EmbeddedModel(kimi_mini_dir, tokenizer=tok)))) as srv:
-        backend = SGLangResource(base_urls=[srv.url]).backend(tok.render_prompt)
+        backend = sglang_backend(SGLangResource(base_urls=[srv.url]), tok.render_prompt)
         for i, q in enumerate(["What is 2+3?", "Name a color."]):
             req = SampleRequest(sample_id=f"s{i}", dataset="d", prompt_id=f"p{i}", sample_index=0,
                                 messages=[{"role": "user", "content": q}])

@@ -32,12 +32,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from eagle3_assets.generation.backends import FINISH, Parsed, Prepared, _base_row, _redactor, sample_seed
-from eagle3_assets.generation.classify import Outcome, classify, parse_json
-from eagle3_assets.generation.http_report import BackendUnavailable
-from eagle3_assets.generation.response_store import now_iso
-from eagle3_assets.generation.samples import SampleRequest, SamplingSettings
-from eagle3_assets.generation.tool_calls import tool_flags
+from eagle3_assets.engines.http.classify import Outcome, classify, parse_json
+from eagle3_assets.engines.http.samples import SampleRequest, SamplingSettings
+from eagle3_assets.engines.http.tool_flags import tool_flags
+from eagle3_assets.engines.http.wire import FINISH, BackendUnavailable, Parsed, Prepared, base_row, now_iso, redactor, sample_seed
 from eagle3_assets.target.tool_calls import reply_calls
 
 ENDPOINTS = {"chat": "/chat/completions", "completions": "/completions"}
@@ -69,7 +67,7 @@ class OpenAIIdsBackend:
         self.endpoint = endpoint
         self.source = source
         self._api_key = api_key
-        self.redact = _redactor(api_key)
+        self.redact = redactor(api_key)
         self.extra_body = dict(extra_body or {})
         self.stop_token_ids = list(stop_token_ids or [])
 
@@ -139,7 +137,7 @@ class OpenAIIdsBackend:
         reasoning = msg.get("reasoning_content") or msg.get("reasoning")
         calls = reply_calls(msg.get("tool_calls"))
         flags += tool_flags(prepared.req, calls)
-        row = _base_row(prepared.req, self.source)
+        row = base_row(prepared.req, self.source)
         row.update({
             "model": data.get("model") or self.model, "provider": base_url,
             "prompt_ids": prompt_ids, "output_ids": output_ids, "text": text, "reasoning": reasoning,
@@ -184,3 +182,11 @@ class OpenAIIdsBackend:
 
     async def postflight(self, client, base_urls) -> dict:
         return {}
+
+
+def openai_ids_backend(settings, render_prompt, served_name: str = "",
+                       stop_token_ids: list[int] | None = None) -> OpenAIIdsBackend:
+    """The backend for the generation servers ``settings`` (the ``vllm`` resource) names; the model is
+    ``served_name`` when they list it. ``stop_token_ids``: the target's end of turn, sent with every request."""
+    return OpenAIIdsBackend(settings.base_urls, preferred_model=served_name, stop_token_ids=stop_token_ids,
+                            render_prompt=render_prompt, endpoint=settings.endpoint, api_key=settings.api_key or None)
