@@ -45,6 +45,7 @@ class DrafterTrainingConfig(dg.Config):
     stream_producers: int = 1
     stream_slurm: SlurmJobConfig = SlurmJobConfig()  # launcher slurm: each producer's job shape over the resource's
     stream_stale_s: float = 60.0  # a producer on another host whose heartbeat is older is dead: its unit goes back
+    stream_producer_restarts: int = 3  # producers that fail before the run is done are started again, this often in all
     stream_unit_bytes: int = 256 << 20
     stream_epochs: str = "recapture"  # "recapture" (capture every epoch again) or "keep" (refused unless all fits)
 
@@ -153,7 +154,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
 
         with StreamRun(context, stream, target, out, producer_launcher(context, config, layout),
                        f"eagle3-stream-producer-{recipe.name}", producers=config.stream_producers,
-                       stale_s=config.stream_stale_s) as run:
+                       stale_s=config.stream_stale_s, restarts=config.stream_producer_restarts) as run:
             invocation = launch_training(context, config, launcher, recipe.name, job_path, samples)
     pipes_meta = dict(invocation.metadata)
     for event in invocation.get_results():
