@@ -4,6 +4,9 @@ A stage writes its job file, describes its entry point as a :class:`Launch` (``p
 args``, plain or as a ``torchrun`` group, and the environment it needs), opens the configured
 launcher with :func:`open_launcher` and calls its ``run`` once; the launcher decides how the
 process starts (here through Pipes; on SLURM as one batch job) and returns the Pipes invocation.
+``run`` blocks until the launch ends; a process that must run beside the step's own launch (the
+streaming mode's producers beside its trainer) is started with ``start`` instead, which returns a
+:class:`Started` handle at once (no Pipes session: such a process reports through its own files).
 
 ``LAUNCHERS`` is the registry, one line per launcher: its name and the ``module:attr`` of a
 factory ``(context, config, layout) -> Launcher`` (resolved on first use, so this module imports
@@ -15,8 +18,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Protocol
 
 LAUNCHERS = {
@@ -66,6 +72,21 @@ class Launcher(Protocol):
     def run(self, context, launch: Launch):
         """Run ``launch`` to its end through Dagster Pipes; the ``PipesClientCompletedInvocation``."""
 
+    def start(self, context, launch: Launch, folder: Path) -> Started:
+        """Start ``launch`` in the background and return at once; its files (output) go to ``folder``."""
+
+
+class Started(Protocol):
+    """A launch running beside the step (``Launcher.start``)."""
+
+    log: Path  # where its output lands
+
+    def poll(self) -> int | None:
+        """None while it runs (or is queued); its exit code once it ended (non-zero: it failed)."""
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """End it: SIGTERM (SLURM: scancel), SIGKILL after ``grace_s``; returns once it ended."""
+
 
 def get_factory(name: str):
     """The registered factory of launcher ``name`` (an unknown name: an error listing the valid ones)."""
@@ -112,3 +133,43 @@ class LocalLauncher:
         command = local_command(launch)
         context.log.info(f"{launch.name}: {' '.join(command)}")
         return dg.PipesSubprocessClient().run(context=context, command=command, env={**os.environ, **launch.exports})
+
+    def start(self, context, launch: Launch, folder: Path) -> LocalStarted:
+        command = local_command(launch)
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        log = folder / "output.log"
+        context.log.info(f"{launch.name}: started {' '.join(command)} (output: {log})")
+        with open(log, "a") as out:
+            proc = subprocess.Popen(command, env={**os.environ, **launch.exports}, stdout=out, stderr=subprocess.STDOUT)
+        return LocalStarted(proc, log)
+
+
+@dataclass
+class LocalStarted:
+    """A process of this machine started by :meth:`LocalLauncher.start`."""
+
+    proc: subprocess.Popen
+    log: Path
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc.wait()
+
+
+def wait_all(started: list, timeout_s: float, poll_s: float = 0.5) -> bool:
+    """Until every started launch ended, at most ``timeout_s``; whether they all did."""
+    deadline = time.monotonic() + timeout_s
+    while any(s.poll() is None for s in started):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True

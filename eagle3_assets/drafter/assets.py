@@ -38,10 +38,14 @@ class DrafterTrainingConfig(dg.Config):
     memory_fraction: float = 0.9  # of each GPU's memory the plan may fill
     gpu_memory_gib: float = 0.0  # plan for GPUs of this size before launching (0: this machine's GPU, if any)
     # Streaming (docs/streaming.md): > 0 captures the recipe's hidden states while it trains, through a spool of at
-    # most this many bytes under the data root, with stream_producers local producer processes (the target resource's
-    # device and dtype); the hidden_states asset need not be materialized first
+    # most this many bytes under the data root, with stream_producers producers started through the launcher beside
+    # the trainer (the target resource's device and dtype; on SLURM a job each, of stream_slurm's shape, one node by
+    # default); the hidden_states asset need not be materialized first
     stream_cap_bytes: int = 0
     stream_producers: int = 1
+    stream_slurm: SlurmJobConfig = SlurmJobConfig()  # launcher slurm: each producer's job shape over the resource's
+    stream_stale_s: float = 60.0  # a producer on another host whose heartbeat is older is dead: its unit goes back
+    stream_producer_restarts: int = 3  # producers that fail before the run is done are started again, this often in all
     stream_unit_bytes: int = 256 << 20
     stream_epochs: str = "recapture"  # "recapture" (capture every epoch again) or "keep" (refused unless all fits)
 
@@ -80,6 +84,16 @@ def launch_training(context, config: DrafterTrainingConfig, launcher, recipe: st
                     procs=config.nproc_per_node, exports=forwarded_env(), plain_when_alone=True)
     context.log.info(f"training {recipe}: {samples:.0f} samples per epoch")
     return launcher.run(context, launch)
+
+
+def producer_launcher(context, config: DrafterTrainingConfig, layout):
+    """The streaming producers' launcher: the trainer's, with ``stream_slurm`` as the job shape on
+    SLURM (one node, one task unless it says otherwise): each producer a job of its own."""
+    from types import SimpleNamespace
+
+    shape = config.stream_slurm
+    shape = SlurmJobConfig(**{**shape.model_dump(), "nodes": shape.nodes or 1, "tasks_per_node": shape.tasks_per_node or 1})
+    return open_launcher(config.launcher, context, SimpleNamespace(slurm=shape), layout)
 
 
 @dg.asset(
@@ -138,7 +152,9 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     else:
         from eagle3_assets.drafter.stream_run import StreamRun
 
-        with StreamRun(context, stream, target, out, producers=config.stream_producers) as run:
+        with StreamRun(context, stream, target, out, producer_launcher(context, config, layout),
+                       f"eagle3-stream-producer-{recipe.name}", producers=config.stream_producers,
+                       stale_s=config.stream_stale_s, restarts=config.stream_producer_restarts) as run:
             invocation = launch_training(context, config, launcher, recipe.name, job_path, samples)
     pipes_meta = dict(invocation.metadata)
     for event in invocation.get_results():

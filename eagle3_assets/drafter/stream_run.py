@@ -1,26 +1,26 @@
 """The streaming mode of ``drafter_checkpoint``: the recipe's producers and trainer from one step.
 
 ``StreamRun`` writes the spool's settings for the training job and one ``ProducerJob`` per
-producer, starts the producers as local processes (``python -m eagle3_assets.hidden_states.spool``)
-beside the trainer the step launches, samples the spool's bytes from the filesystem while it
-trains, and afterwards reports what each side did: units and tokens captured, the spool's peak
-bytes against its cap, the trainer's and the producers' waiting time. The producers end when the
-trainer marks the run done; a failed training stops them.
+producer, starts each producer (``python -m eagle3_assets.hidden_states.spool``) as a ``Launch``
+through the step's launcher's ``start`` (a process of this machine, or a SLURM job of its own on
+another node), beside the trainer the step then launches with ``run``; it samples the spool's
+bytes from the filesystem while it trains, and afterwards reports what each side did: units and
+tokens captured, the spool's peak bytes against its cap, the trainer's and the producers' waiting
+time. The producers end when the trainer marks the run done; a failed training stops them.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 from eagle3_assets.hidden_states.spool.produce import CAPTURES, ProducerJob
 from eagle3_assets.hidden_states.spool.settings import StreamSettings
-from eagle3_assets.hidden_states.spool.store import tree_bytes
+from eagle3_assets.hidden_states.spool.store import DONE, tree_bytes
+from eagle3_assets.launchers import Launch, forwarded_env, wait_all
 from eagle3_assets.target.ref import TargetRef
 
 
@@ -42,46 +42,90 @@ def corpus_train_sizes(layout, datasets) -> dict[str, int]:
 class StreamRun:
     """Producers started on enter, stopped (or awaited) on exit; ``figures()`` for the metadata."""
 
-    def __init__(self, context, settings: StreamSettings, target, out: Path, producers: int = 1):
+    def __init__(self, context, settings: StreamSettings, target, out: Path, launcher, name: str, producers: int = 1,
+                 stale_s: float = 60.0, restarts: int = 3, check_s: float = 2.0):
         self.context, self.settings, self.out, self.n = context, settings, Path(out) / "stream", producers
+        self.launcher, self.name = launcher, name  # the producers' launcher; their jobs' name prefix
         self.spool = Path(settings.spool_dir)
         spec = target.spec()
-        self.job = dict(spool_dir=settings.spool_dir, target=TargetRef.of(spec),
+        self.job = dict(spool_dir=settings.spool_dir, target=TargetRef.of(spec), stale_s=stale_s,
                         device=target.device, model_dtype=target.dtype, threads=getattr(target, "threads", 0) or 0)
-        self.procs: list[subprocess.Popen] = []
+        self.started: list = []  # the live handle of each producer
+        self.ended: list = []  # handles of producers that failed and were started again
+        self.launches: list[Launch] = []
+        self.restarts, self.check_s, self.relaunched = restarts, check_s, 0
         self.peak = 0
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._closing = False
 
     def _sample(self) -> None:
+        """The spool's bytes every 50 ms; every ``check_s`` the producers' state."""
+        next_check = time.monotonic() + self.check_s
         while not self._stop.wait(0.05):
             if self.spool.exists():
                 self.peak = max(self.peak, tree_bytes(self.spool))
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + self.check_s
+                try:
+                    self._relaunch_failed()
+                except Exception as exc:  # a scheduler hiccup (squeue down): try again at the next check
+                    self.context.log.warning(f"streaming: could not check the producers: {exc}")
+
+    def _relaunch_failed(self) -> None:
+        with self._lock:
+            for i, started in enumerate(self.started):
+                if self._closing or (self.spool / DONE).exists():
+                    return
+                code = started.poll()
+                if code in (None, 0):
+                    continue
+                if self.relaunched >= self.restarts:
+                    self.context.log.error(f"streaming: producer {i} ended with {code}; {self.restarts} restart(s) "
+                                           "spent, not starting it again (the trainer waits for its units)")
+                    continue
+                self.relaunched += 1
+                self.context.log.warning(f"streaming: producer {i} ended with {code} before the run was done "
+                                         f"(output: {started.log}); starting it again ({self.relaunched} of at most "
+                                         f"{self.restarts})")
+                self.ended.append(started)
+                self.started[i] = self.launcher.start(self.context, self.launches[i], self.out / f"producer-{i}")
 
     def __enter__(self):
         self.out.mkdir(parents=True, exist_ok=True)
         self.spool.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        for i in range(self.n):
-            path = self.out / f"producer-{i}.json"
-            path.write_text(ProducerJob(**self.job, name=f"producer-{i}").model_dump_json(indent=2))
-            log = open(self.out / f"producer-{i}.log", "a")
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "eagle3_assets.hidden_states.spool", "--config", str(path)],
-                                               env=env, stdout=log, stderr=subprocess.STDOUT))
+        exports = {**forwarded_env(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        try:
+            for i in range(self.n):
+                path = self.out / f"producer-{i}.json"
+                path.write_text(ProducerJob(**self.job, name=f"producer-{i}").model_dump_json(indent=2))
+                launch = Launch(f"{self.name}-{i}", "eagle3_assets.hidden_states.spool", ["--config", str(path)],
+                                exports=exports)
+                self.launches.append(launch)
+                self.started.append(self.launcher.start(self.context, launch, self.out / f"producer-{i}"))
+        except BaseException:
+            self._stop_all(0.0)
+            raise
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         self.context.log.info(f"streaming: {self.n} producer(s) started on {self.spool} (cap {self.settings.cap_bytes:,} bytes)")
         return self
 
+    def _stop_all(self, wait_s: float) -> None:
+        if not wait_all(self.started, wait_s):
+            self.context.log.warning(f"streaming: stopping {sum(s.poll() is None for s in self.started)} producer(s)")
+        for s in self.started:
+            if s.poll() is None:
+                s.stop()
+
     def __exit__(self, exc_type, *_):
-        deadline = time.monotonic() + (5 if exc_type else 120)
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self._stop.set()
-        self._thread.join()
+        with self._lock:
+            self._closing = True  # no producer started again from here on
+        try:
+            self._stop_all(5 if exc_type else 120)  # after a done run they end by themselves
+        finally:
+            self._stop.set()
+            self._thread.join()
         return False
 
     def figures(self, result: dict) -> dict:
@@ -89,8 +133,8 @@ class StreamRun:
         if (self.spool / CAPTURES).exists():
             captures = [json.loads(x) for x in (self.spool / CAPTURES).read_text().splitlines() if x.strip()]
         stats = []
-        for i in range(self.n):
-            log = (self.out / f"producer-{i}.log").read_text()
+        for started in [*self.ended, *self.started]:
+            log = started.log.read_text() if started.log.exists() else ""
             if "producer done: " in log:
                 stats.append(json.loads(log[log.rindex("producer done: ") + 15:].splitlines()[0]))
         stream = result.get("stream") or {}
@@ -107,4 +151,5 @@ class StreamRun:
             "stream_producer_wait_share": round(sum(s["wait_s"] for s in stats) / max(1e-9, sum(s["seconds"] for s in stats)), 3)
             if stats else None,
             "stream_producer_capture_s": round(sum(s["capture_s"] for s in stats), 3),
+            "stream_producer_restarts": self.relaunched,
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from eagle3_assets.hidden_states.spool.produce import ProducerJob, run_producer
@@ -18,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # SIGTERM (a stopped launch, scancel) unwinds like an error: the unit being captured goes back to the
+    # pool at once, not after its lease is found dead
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run_producer(job, stop_when_idle=args.stop_when_idle)
     return 0
 

@@ -136,10 +136,62 @@ def test_the_architecture_page_names_the_files_and_parts_of_a_new_launcher():
     for path in paths:
         assert any((REPO_ROOT / base / path).exists() for base in ("", "eagle3_assets")), path
     members = {n for n in Launcher.__annotations__} | {n for n in vars(Launcher) if not n.startswith("_")}
-    assert members == {"tasks", "nodes", "here", "running", "run"}
+    assert members == {"tasks", "nodes", "here", "running", "run", "start"}
     for name in members:
         assert f"`{name}" in step, name
     assert "`LAUNCHERS`" in step and "`Launch`" in step
     for name in LAUNCHERS:  # the registered factories resolve, and their classes keep the protocol
         cls = get_factory(name).__self__
         assert all(hasattr(cls, m) for m in members - {"tasks", "nodes"}), name  # these two: per launch
+
+
+def test_the_local_launcher_starts_a_process_beside_the_step_and_stops_it(tmp_path):
+    """``start`` returns while the process runs (the streaming producers run beside the trainer's
+    ``run``); its output lands in the folder; ``stop`` ends it with SIGTERM."""
+    import time
+
+    context = SimpleNamespace(log=SimpleNamespace(info=lambda msg: None))
+    script = "import sys, time; print('up', flush=True); time.sleep(60)"
+    launch = Launch("beside", "eagle3_no_such_module", [])
+    failed = LocalLauncher().start(context, launch, tmp_path / "a")
+    t0 = time.monotonic()
+    while failed.poll() is None and time.monotonic() - t0 < 60:
+        time.sleep(0.05)
+    assert failed.poll() == 1 and "No module named eagle3_no_such_module" in failed.log.read_text()
+
+    (tmp_path / "sleeper.py").write_text(script)
+    sleeper = Launch("beside", "sleeper", [], exports={"PYTHONPATH": str(tmp_path)})
+    started = LocalLauncher().start(context, sleeper, tmp_path / "b")
+    assert started.log == tmp_path / "b" / "output.log"
+    while "up" not in started.log.read_text() and time.monotonic() - t0 < 60:
+        assert started.poll() is None
+        time.sleep(0.05)
+    assert started.poll() is None  # still running after start returned
+    started.stop(grace_s=5)
+    assert started.poll() == -15  # SIGTERM
+
+
+def test_streaming_producers_on_slurm_are_one_node_jobs_of_their_own(tmp_path, monkeypatch):
+    """On SLURM each producer is a job of ``stream_slurm``'s shape, one node and one task unless it
+    says otherwise (where the trainer's resource asks for two), submitted by ``start`` without
+    following it; its script runs the producer's module on one task."""
+    from eagle3_assets.drafter.assets import DrafterTrainingConfig, producer_launcher
+    from eagle3_assets.paths import DataLayout
+    from eagle3_assets.resources import SlurmResource
+    from eagle3_assets.slurm import launcher as slurm_launcher
+
+    submitted = []
+    monkeypatch.setattr(slurm_launcher.scheduler, "live_jobs_named", lambda name: [])
+    monkeypatch.setattr(slurm_launcher.scheduler, "sbatch", lambda script: submitted.append(script) or "42")
+    context = SimpleNamespace(resources=SimpleNamespace(slurm=SlurmResource(nodes=2, tasks_per_node=2)),
+                              log=SimpleNamespace(info=lambda msg: None), run=SimpleNamespace(run_id="r" * 32))
+    config = DrafterTrainingConfig(launcher="slurm", stream_slurm={"sbatch_options": ["--exclusive"]})
+    launcher = producer_launcher(context, config, DataLayout(tmp_path / "data"))
+    assert (launcher.nodes, launcher.tasks) == (1, 1)
+    launch = Launch("eagle3-stream-producer-demo-0", "eagle3_assets.hidden_states.spool", ["--config", "p.json"])
+    started = launcher.start(context, launch, tmp_path / "producer-0")
+    assert submitted == [tmp_path / "producer-0" / "job.sh"] and started.log == tmp_path / "producer-0" / "slurm-42.out"
+    script = submitted[0].read_text()
+    assert "#SBATCH --nodes=1" in script and "#SBATCH --exclusive" in script and "#SBATCH --ntasks-per-node=1" in script
+    assert "srun --export=ALL --kill-on-bad-exit=1 --nodes=1 --ntasks=1 " in script
+    assert "-m eagle3_assets.hidden_states.spool --config p.json" in script
