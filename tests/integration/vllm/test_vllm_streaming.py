@@ -1,0 +1,107 @@
+"""A streamed run whose producer captures through a real vLLM (``backend: vllm``: the producer
+process starts its own extraction server from ``.venv-vllm`` on the embedded SmolLM2 target).
+
+vLLM's states differ from the local extractor's in the last float32 bits (the tolerance of
+``test_vllm_extraction``), and the spool stores them in bf16, where such a difference can flip a
+rounding: training on them is close to, not equal to, a run on the local extractor's states. So
+this checks what must hold exactly or within that tolerance: every unit the vLLM producer
+published holds, for each of its samples, the local extractor's states within the bf16 tolerance
+``test_vllm_extraction`` uses for stored shards; the trainer then consumes every sample once (its
+own step records in the checkpoint), and the spool ends empty.
+
+The producer is started against a plan written the way the trainer writes it, with a cap that
+holds the whole corpus, so it publishes every unit before the trainer (same settings, so the
+same plan) starts reading: the units can be read here before they are consumed and deleted.
+Scale: 12 samples of 26-48 tokens, one epoch of 4 steps; one vLLM server (70-170 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+import torch
+
+from eagle3_assets.hidden_states.reader import ShardReader
+from tests.support.streaming import (
+    captured_units,
+    make_corpus,
+    producer_job,
+    spawn_producer,
+    stream_settings,
+    train_job,
+    training,
+    wait_for,
+)
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.model,
+    pytest.mark.usefixtures("one_torch_thread"),  # the other core is the server's
+]
+
+
+def _relative_error(a, b) -> float:
+    """Largest per-token ||a - b|| / ||b|| (as in test_vllm_extraction)."""
+    return float(((a.float() - b.float()).norm(dim=-1) / b.float().norm(dim=-1).clamp_min(1e-6)).max())
+
+
+def test_a_vllm_producer_feeds_a_streamed_run(model_dir, tmp_path):
+    from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint
+    from eagle3_assets.drafter.training.job import run_job
+    from eagle3_assets.drafter.training.stream import open_stream
+    from eagle3_assets.engines.local.extractor import LocalExtractor
+    from eagle3_assets.engines.vllm.extraction import VLLMServerSpec
+    from eagle3_assets.engines.vllm.server import default_python
+
+    corpus = make_corpus(tmp_path / "corpus.parquet")
+    spool = tmp_path / "spool"
+    settings = stream_settings(spool, corpus, cap_bytes=8 << 20)
+    train = training()
+    open_stream(settings, train, rank=0, world=1, target_config={"num_hidden_layers": 30, "hidden_size": 576})
+    plan = json.loads((spool / "plan.json").read_text())
+
+    job = producer_job(spool, model_dir).model_copy(update={
+        "backend": "vllm", "vllm": VLLMServerSpec(python=default_python(), max_model_len=128, ready_timeout_s=600)})
+    (tmp_path / "producer.json").write_text(job.model_dump_json())
+    producer = spawn_producer(tmp_path / "producer.json", tmp_path / "producer.log")
+    try:
+        wait_for(lambda: len(captured_units(spool)) == len(plan["units"]), 900, "every unit published by the vLLM producer",
+                 procs=[producer])
+        assert "vLLM extraction server ready" in (tmp_path / "producer.log").read_text()
+
+        # what the vLLM producer published, against the local extractor on the same ids
+        stored = {}
+        for unit in (spool / "units").iterdir():
+            with ShardReader(unit) as reader:
+                for s in reader.iter_samples():
+                    stored[s.sample_id] = s
+        ids = sorted(stored)
+        assert ids == [f"s{i:03d}" for i in range(12)]
+        local = LocalExtractor(model_dir, layer_ids=settings.layer_ids, dtype="float32").extract(
+            [stored[i].input_ids.tolist() for i in ids])
+        errors = []
+        for i, w in zip(ids, local):
+            s = stored[i]
+            assert s.aux_hidden.shape == (len(s.input_ids), 3 * 576) and s.last_hidden.shape == (len(s.input_ids), 576)
+            errors.append(max(_relative_error(s.aux_hidden, w.aux.to(torch.bfloat16)),
+                              _relative_error(s.last_hidden, w.last.to(torch.bfloat16))))
+        print(f"vLLM producer's units vs the local extractor: largest relative error {max(errors):.2e}")
+        assert max(errors) < 1e-2
+
+        summary = run_job(train_job(model_dir, tmp_path / "train", stream=settings, settings=train))
+        assert producer.wait(120) == 0, (tmp_path / "producer.log").read_text()[-3000:]
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+            producer.wait()
+
+    state = load_checkpoint(latest_checkpoint(tmp_path / "train"))
+    assert state["step"] == summary["steps"] == 4
+    trained = [k for m in state["metrics"] for k in m["consumed"]["ids"]]  # the trainer's own step records
+    corpus_ids = pl.read_parquet(corpus)["sample_id"].to_list()
+    assert sorted(trained) == [f"0:{s}" for s in sorted(corpus_ids)]  # each sample once
+    assert all(m["loss"] == m["loss"] for m in state["metrics"])  # finite losses
+    assert not [p for d in ("units", "leases", "tmp") if (spool / d).exists() for p in (spool / d).iterdir()]
+    assert sorted(s for c in captured_units(spool) for s in c["samples"]) == sorted(corpus_ids)
