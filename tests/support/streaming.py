@@ -74,9 +74,10 @@ def env() -> dict:
     return e
 
 
-def spawn_producer(job_path: Path, log: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "eagle3_assets.hidden_states.spool", "--config", str(job_path), *extra],
-                            env=env(), cwd=REPO_ROOT, stdout=open(log, "a"), stderr=subprocess.STDOUT)
+def spawn_producer(job_path: Path, log: Path, *extra: str, python: str = sys.executable,
+                   environ: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([python, "-m", "eagle3_assets.hidden_states.spool", "--config", str(job_path), *extra],
+                            env=environ or env(), cwd=REPO_ROOT, stdout=open(log, "a"), stderr=subprocess.STDOUT)
 
 
 def spawn_trainer(job_path: Path, log: Path) -> subprocess.Popen:

@@ -53,13 +53,22 @@ class SGLangExtract:
                              gpu_id=group.local_rank, batch_tokens=job.batch_tokens, longest_row=longest_row,
                              max_rows=job.max_rows, dtype=resolve_dtype(job.model_dtype),
                              trust_remote_code=job.target.trust_remote_code, server_args=job.server_args,
-                             nccl_port=int(os.environ.get("MASTER_PORT", "0")))
+                             nccl_port=int(os.environ.get("MASTER_PORT") or _free_port()))
 
     def label(self) -> str:
         """The backend the manifest records: the engine and its one supported release."""
         from eagle3_assets.engines.sglang.versions import SGLANG_VERSION
 
         return f"sglang-{SGLANG_VERSION}"
+
+
+def _free_port() -> int:
+    """A free local port for the runner's own group when no torchrun gave one (a one-rank capture)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class SGLangServe:

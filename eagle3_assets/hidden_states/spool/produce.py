@@ -45,12 +45,15 @@ class ProducerJob(JobFile):
 
     spool_dir: str
     corpora: dict[str, str] = {}  # corpus path as the plan names it -> where this node reads it (default: same)
-    backend: Literal[engine_names("extract")] = "local"  # an engine whose extract role runs in a job (not tensor_parallel)
+    backend: Literal[engine_names("extract")] = "local"  # any extract engine; a tensor_parallel one (sglang) in one rank
     target: TargetRef
     device: str = "auto"
     model_dtype: str = "auto"
     threads: int = Field(0, ge=0)
     vllm: VLLMServerSpec | None = None
+    tp_size: int = Field(1, ge=1)  # a tensor_parallel engine's: one rank per producer (more are refused)
+    max_rows: int = Field(256, ge=1)  # a tensor_parallel engine's requests per forward
+    server_args: dict = Field(default_factory=dict)  # a tensor_parallel engine's further settings (SGLang ServerArgs)
     name: str = ""  # shown in leases and the captures journal (default: host:pid)
     poll_s: float = Field(0.05, gt=0.0)
     heartbeat_s: float = Field(2.0, gt=0.0)
@@ -197,13 +200,45 @@ def wait_for_plan(spool_dir: Path, timeout_s: float) -> Plan:
 
 
 def build_producer_extractor(job: ProducerJob, plan: Plan, stack: ExitStack):
-    """The capture backend through the extraction job's own seam, with the plan's layers."""
+    """The capture backend through the extraction job's own seam, with the plan's layers; a
+    ``tensor_parallel`` engine's capture through its role, in a one-rank group."""
+    from eagle3_assets.engines import engine_role
     from eagle3_assets.hidden_states.extract_job import ExtractionJob, build_extractor
 
+    role = engine_role("extract", job.backend)
+    if role.tensor_parallel:
+        return one_rank_extractor(job, role, plan, stack)
     ejob = ExtractionJob(backend=job.backend, target=job.target, corpus="-", out_dir="-",
                          layer_ids=plan.data["layer_ids"], device=job.device, model_dtype=job.model_dtype,
                          dtype=plan.data["dtype"], threads=job.threads, vllm=job.vllm)
     return build_extractor(ejob, stack)
+
+
+def one_rank_extractor(job: ProducerJob, role, plan: Plan, stack: ExitStack):
+    """The engine's capture (``role.capture``, as each rank of ``sglang_extract`` builds it) in this
+    process alone, wrapped as ``extract_corpus`` expects (``LeaderExtractor``): its KV pool is sized
+    for the plan's longest row, and the forwards are batched within the plan's ``batch_tokens``."""
+    from eagle3_assets.hidden_states.sglang_extract import SGLangExtractionJob, describe
+    from eagle3_assets.hidden_states.tensor_parallel import LeaderExtractor, init_tensor_parallel
+    from eagle3_assets.target import layers as hidden_layers
+
+    if job.tp_size != 1:
+        raise ValueError(f"producer job: tp_size {job.tp_size} for backend {job.backend!r}: a producer runs its "
+                         f"capture in one process (tp_size: 1); several ranks per producer are not supported")
+    sjob = SGLangExtractionJob(engine=job.backend, target=job.target, corpus="-", out_dir="-", tp_size=1,
+                               layer_ids=plan.data["layer_ids"], dtype=plan.data["dtype"],
+                               batch_tokens=plan.data["batch_tokens"], max_rows=job.max_rows,
+                               model_dtype=job.model_dtype, server_args=job.server_args)
+    group = init_tensor_parallel(1)
+    target = job.target.open()
+    layer_ids = hidden_layers.resolve_layer_ids(target.num_layers, sjob.layer_ids)
+    longest = max((n for lengths in plan.data["lengths"] for n in lengths.values()), default=1)
+    capture = role.capture(sjob, group, layer_ids, longest_row=int(longest))
+    leader = LeaderExtractor(capture, group, hidden_size=target.hidden_size, vocab_size=target.vocab_size,
+                             max_rows=job.max_rows, page_size=getattr(capture, "page_size", 1),
+                             describe=describe(sjob, target, layer_ids, role.label()))
+    stack.callback(leader.stop)
+    return leader
 
 
 def run_producer(job: ProducerJob, stop_when_idle: bool = False) -> dict:

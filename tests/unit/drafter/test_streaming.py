@@ -113,6 +113,20 @@ def test_preflight_refuses_a_cap_below_one_step_naming_the_setting(tmp_path):
                                                   max_length=64))
 
 
+def test_a_tensor_parallel_producer_with_several_ranks_is_refused_naming_the_setting(tmp_path, model_dir):
+    from contextlib import ExitStack
+
+    from eagle3_assets.hidden_states.spool.produce import build_producer_extractor
+
+    corpus = make_corpus(tmp_path / "c.parquet", n=6)
+    settings = stream_settings(tmp_path / "spool", corpus)
+    plan = write_plan(tmp_path / "spool", build_plan(settings, seed=0, batch_size=3, world=1, total_steps=2, hidden_size=H,
+                                                     max_length=64))
+    job = producer_job(tmp_path / "spool", model_dir).model_copy(update={"backend": "sglang", "tp_size": 2})
+    with ExitStack() as stack, pytest.raises(ValueError, match=r"tp_size 2 for backend 'sglang'.*tp_size: 1"):
+        build_producer_extractor(job, plan, stack)  # refused before SGLang is imported (not installed here)
+
+
 def test_a_dead_producers_lease_goes_back_to_the_pool_with_its_folder(tmp_path):
     spool = Spool(tmp_path / "spool")
     victim = subprocess.Popen([sys.executable, "-c",
