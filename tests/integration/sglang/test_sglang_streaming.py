@@ -7,8 +7,8 @@ float32 states within the tolerance of ``test_sglang_capture_real``: per token, 
 difference is at most 2**-8 of that token's largest magnitude. The spool's bf16 rounding alone
 stays within it (round to nearest with 8 significant bits: at most 2**-8 / (1 + 2**-8) = 3.89e-3 of
 the element itself, against 3.91e-3), and the engines' float32 difference (2.7e-7 in
-``test_sglang_capture_real``) fits in the rest; 3.7e-3 was observed here in one run. The trainer then consumes every sample once (its own step records in the
-checkpoint), and the spool ends empty.
+``test_sglang_capture_real``) fits in the rest; 3.7e-3 was observed here in one run. The trainer
+then consumes every sample once (its own step records in the checkpoint), and the spool ends empty.
 
 As in the vLLM version (``tests/integration/vllm/test_vllm_streaming.py``), the producer is started
 against a plan written the way the trainer writes it, with a cap that holds the whole corpus, so it
