@@ -86,15 +86,19 @@ def spawn_trainer(job_path: Path, log: Path) -> subprocess.Popen:
 
 
 def filesystem_bytes(root: Path) -> int:
-    """Every file's size under ``root``, read here from the filesystem (not the spool's own count)."""
-    total = 0
+    """Every file's size under ``root``, read here from the filesystem (not the spool's own count).
+
+    A file is counted once by its inode: the spool publishes and deletes units by renaming their
+    folders, and a walk that meets a folder before and after its rename would count it twice."""
+    sizes: dict[tuple[int, int], int] = {}
     for dirpath, _dirs, files in os.walk(root):
         for f in files:
             try:
-                total += os.lstat(os.path.join(dirpath, f)).st_size
+                st = os.lstat(os.path.join(dirpath, f))
             except FileNotFoundError:
-                pass
-    return total
+                continue
+            sizes[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(sizes.values())
 
 
 class Sampler:

@@ -52,14 +52,20 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 
 def tree_bytes(path: Path) -> int:
-    """Bytes of every file under ``path`` (sizes as ``stat`` gives them), 0 when it is gone."""
-    total = 0
+    """Bytes of every file under ``path`` (sizes as ``stat`` gives them), 0 when it is gone.
+
+    Each file counts once by its inode: a unit renamed (published, or moved out to be deleted) while
+    the walk runs is met twice, once under each name, and would otherwise be counted twice."""
+    total, seen = 0, set()
     for root, _dirs, files in os.walk(path):
         for f in files:
             try:
-                total += os.lstat(os.path.join(root, f)).st_size
+                st = os.lstat(os.path.join(root, f))
             except OSError:
-                pass  # removed while walking
+                continue  # removed while walking
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
     return total
 
 
