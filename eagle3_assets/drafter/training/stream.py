@@ -191,16 +191,18 @@ class StreamBatches:
 def open_stream(settings, training, *, rank: int, world: int, target_config: dict):
     """The dataset, the plan (rank 0 writes it, or finds the same one there) and this rank's batches."""
     from eagle3_assets.hidden_states.spool.preflight import check_cap, preflight_line, stream_preflight
+    from eagle3_assets.target.config import text_config
 
+    text = text_config(target_config)  # a multimodal wrapper's (kimi-mini, Kimi-K2.5) language model settings
     dataset = StreamDataset(settings, max_length=training.max_length, seed=training.seed,
-                            target_layers=int(target_config["num_hidden_layers"]))
+                            target_layers=int(text["num_hidden_layers"]))
     world_len = (len(dataset) // world) * world
     per_epoch = math.ceil(world_len / training.batch_size) if world_len else 1
     total_steps = training.total_steps(per_epoch)
     spool_dir = Path(settings.spool_dir)
     if rank == 0:
         data = build_plan(settings, seed=training.seed, batch_size=training.batch_size, world=world,
-                          total_steps=total_steps, hidden_size=int(target_config["hidden_size"]),
+                          total_steps=total_steps, hidden_size=int(text["hidden_size"]),
                           max_length=training.max_length)
         plan = write_plan(spool_dir, data)
         figures = stream_preflight(plan, spool_dir=spool_dir, capture_tokens_per_s=settings.capture_tokens_per_s,
