@@ -56,10 +56,11 @@ def stream_settings(spool: Path, corpus: Path, **kw) -> StreamSettings:
 
 
 def train_job(model_dir: Path, out: Path, *, stream: StreamSettings | None = None, datasets: dict | None = None,
-              settings: TrainSettings | None = None) -> TrainJob:
+              settings: TrainSettings | None = None, shape: DraftShape | None = None) -> TrainJob:
+    """A CPU training job on ``model_dir``; ``shape`` defaults to SmolLM2's small Llama drafter."""
     return TrainJob(target=TargetRef(model_dir=str(model_dir)), out_dir=str(out), datasets=datasets or {}, stream=stream,
                     training=settings or training(),
-                    shape=DraftShape(draft_vocab_size=DRAFT_VOCAB, intermediate_size=256, aux_layer_ids=LAYER_IDS),
+                    shape=shape or DraftShape(draft_vocab_size=DRAFT_VOCAB, intermediate_size=256, aux_layer_ids=LAYER_IDS),
                     runtime=RuntimeSettings(threads=1, progress=False, device="cpu"))
 
 
