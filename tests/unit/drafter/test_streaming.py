@@ -350,3 +350,20 @@ def test_producers_pause_at_the_high_mark_resume_below_the_low_and_evict_for_the
     left = sorted(spool.published())
     assert units[3].id not in left and units[1].id in left  # the latest went first
     assert spool.used() <= cap and filesystem_bytes(spool_dir) <= cap
+
+
+def test_a_wrapped_targets_config_plans_from_its_text_config(tmp_path):
+    """A multimodal checkpoint (kimi-mini, Kimi-K2.5) keeps its layer count and hidden size under ``text_config``:
+    the stream plans from them as it does from a flat config's."""
+    from eagle3_assets.drafter.training.stream import open_stream
+
+    corpus = make_corpus(tmp_path / "c.parquet", n=6)
+    text = {"num_hidden_layers": 7, "hidden_size": 64}
+    plans = []
+    for name, config in [("flat", text), ("wrapped", {"model_type": "kimi_k25", "text_config": text})]:
+        settings = stream_settings(tmp_path / name, corpus, layer_ids=[1, 2, 3], cap_bytes=1 << 30)
+        _dataset, plan, data = open_stream(settings, training(), rank=0, world=1, target_config=config)
+        data.close()
+        plans.append(json.loads((tmp_path / name / "plan.json").read_text()))
+        assert plan.data["hidden_size"] == 64
+    assert plans[0] == plans[1]
