@@ -147,3 +147,43 @@ def captured_units(spool: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def engine_producer_setup(tmp_path: Path):
+    """A 12-sample corpus and its spool planned for one epoch of 4 steps (SmolLM2's 30 layers, width
+    576), as an engine's producer test starts: ``(corpus, spool, settings, train, plan)``."""
+    from eagle3_assets.drafter.training.stream import open_stream
+
+    corpus = make_corpus(tmp_path / "corpus.parquet")
+    spool = tmp_path / "spool"
+    settings = stream_settings(spool, corpus, cap_bytes=8 << 20)
+    train = training()
+    open_stream(settings, train, rank=0, world=1, target_config={"num_hidden_layers": 30, "hidden_size": 576})
+    return corpus, spool, settings, train, json.loads((spool / "plan.json").read_text())
+
+
+def published_samples(spool: Path) -> dict:
+    """Sample id -> the sample as its published unit holds it (read back with the shard reader)."""
+    from eagle3_assets.hidden_states.reader import ShardReader
+
+    stored = {}
+    for unit in (spool / "units").iterdir():
+        with ShardReader(unit) as reader:
+            for s in reader.iter_samples():
+                stored[s.sample_id] = s
+    return stored
+
+
+def assert_each_sample_trained_once(train_dir: Path, spool: Path, corpus: Path, steps: int) -> None:
+    """From the trainer's own step records (its last checkpoint) and the captures journal, against the
+    corpus parquet: every sample trained once and published, finite losses, the spool's folders empty."""
+    from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint
+
+    state = load_checkpoint(latest_checkpoint(train_dir))
+    assert state["step"] == steps
+    trained = [k for m in state["metrics"] for k in m["consumed"]["ids"]]
+    corpus_ids = pl.read_parquet(corpus)["sample_id"].to_list()
+    assert sorted(trained) == [f"0:{s}" for s in sorted(corpus_ids)]  # each sample once
+    assert all(m["loss"] == m["loss"] for m in state["metrics"])  # finite losses
+    assert not [p for d in ("units", "leases", "tmp") if (spool / d).exists() for p in (spool / d).iterdir()]
+    assert sorted(s for c in captured_units(spool) for s in c["samples"]) == sorted(corpus_ids)

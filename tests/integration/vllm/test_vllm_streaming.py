@@ -17,21 +17,17 @@ Scale: 12 samples of 26-48 tokens, one epoch of 4 steps; one vLLM server (70-170
 
 from __future__ import annotations
 
-import json
-
-import polars as pl
 import pytest
 import torch
 
-from eagle3_assets.hidden_states.reader import ShardReader
 from tests.support.streaming import (
+    assert_each_sample_trained_once,
     captured_units,
-    make_corpus,
+    engine_producer_setup,
     producer_job,
+    published_samples,
     spawn_producer,
-    stream_settings,
     train_job,
-    training,
     wait_for,
 )
 
@@ -48,19 +44,12 @@ def _relative_error(a, b) -> float:
 
 
 def test_a_vllm_producer_feeds_a_streamed_run(model_dir, tmp_path):
-    from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint
     from eagle3_assets.drafter.training.job import run_job
-    from eagle3_assets.drafter.training.stream import open_stream
     from eagle3_assets.engines.local.extractor import LocalExtractor
     from eagle3_assets.engines.vllm.extraction import VLLMServerSpec
     from eagle3_assets.engines.vllm.server import default_python
 
-    corpus = make_corpus(tmp_path / "corpus.parquet")
-    spool = tmp_path / "spool"
-    settings = stream_settings(spool, corpus, cap_bytes=8 << 20)
-    train = training()
-    open_stream(settings, train, rank=0, world=1, target_config={"num_hidden_layers": 30, "hidden_size": 576})
-    plan = json.loads((spool / "plan.json").read_text())
+    corpus, spool, settings, train, plan = engine_producer_setup(tmp_path)
 
     job = producer_job(spool, model_dir).model_copy(update={
         "backend": "vllm", "vllm": VLLMServerSpec(python=default_python(), max_model_len=128, ready_timeout_s=600)})
@@ -72,11 +61,7 @@ def test_a_vllm_producer_feeds_a_streamed_run(model_dir, tmp_path):
         assert "vLLM extraction server ready" in (tmp_path / "producer.log").read_text()
 
         # what the vLLM producer published, against the local extractor on the same ids
-        stored = {}
-        for unit in (spool / "units").iterdir():
-            with ShardReader(unit) as reader:
-                for s in reader.iter_samples():
-                    stored[s.sample_id] = s
+        stored = published_samples(spool)
         ids = sorted(stored)
         assert ids == [f"s{i:03d}" for i in range(12)]
         local = LocalExtractor(model_dir, layer_ids=settings.layer_ids, dtype="float32").extract(
@@ -97,11 +82,5 @@ def test_a_vllm_producer_feeds_a_streamed_run(model_dir, tmp_path):
             producer.kill()
             producer.wait()
 
-    state = load_checkpoint(latest_checkpoint(tmp_path / "train"))
-    assert state["step"] == summary["steps"] == 4
-    trained = [k for m in state["metrics"] for k in m["consumed"]["ids"]]  # the trainer's own step records
-    corpus_ids = pl.read_parquet(corpus)["sample_id"].to_list()
-    assert sorted(trained) == [f"0:{s}" for s in sorted(corpus_ids)]  # each sample once
-    assert all(m["loss"] == m["loss"] for m in state["metrics"])  # finite losses
-    assert not [p for d in ("units", "leases", "tmp") if (spool / d).exists() for p in (spool / d).iterdir()]
-    assert sorted(s for c in captured_units(spool) for s in c["samples"]) == sorted(corpus_ids)
+    assert summary["steps"] == 4
+    assert_each_sample_trained_once(tmp_path / "train", spool, corpus, steps=4)
