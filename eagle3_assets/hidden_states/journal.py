@@ -4,22 +4,8 @@ shard or quarantined sample, read back whole lines only (a crash mid-append tear
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def now_iso() -> str:

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import polars as pl
 
-from eagle3_assets.files import write_parquet_atomic
+from eagle3_assets.files import fsync_dir, write_parquet_atomic
 from eagle3_assets.hidden_states.encoding import encode_ids, encode_sample, write_safetensors
-from eagle3_assets.hidden_states.journal import fsync_dir, now_iso, read_progress
+from eagle3_assets.hidden_states.journal import now_iso, read_progress
 from eagle3_assets.hidden_states.sizing import check_dtype
 
 FORMAT = "eagle3-hidden-states/1"

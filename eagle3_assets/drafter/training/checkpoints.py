@@ -14,17 +14,13 @@ from pathlib import Path
 
 import torch
 
+from eagle3_assets.files import write_text_atomic
+
 CHECKPOINT_FORMAT = "eagle3-drafter-train-v2"
 
 
 def checkpoints_dir(out_dir: Path) -> Path:
     return Path(out_dir) / "checkpoints"
-
-
-def write_atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
@@ -42,7 +38,7 @@ def save_checkpoint(out_dir: Path, state: dict, keep: int) -> Path:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     torch.save({"format": CHECKPOINT_FORMAT, **state}, tmp)
     os.replace(tmp, path)
-    write_atomic_text(d / "latest", path.name)
+    write_text_atomic(d / "latest", path.name)
     for old in sorted(d.glob("step-*.pt"))[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
     return path

@@ -22,7 +22,6 @@ from eagle3_assets.drafter.target_weights import (
     read_target_final_norm,
     read_target_lm_head,
 )
-from eagle3_assets.drafter.training.checkpoints import write_atomic_text
 from eagle3_assets.drafter.training.config import TrainJob
 from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset
 from eagle3_assets.drafter.training.distributed import barrier, dist_info, init_distributed
@@ -30,6 +29,7 @@ from eagle3_assets.drafter.training.loop import Trainer
 from eagle3_assets.drafter.training.memory_plan import GiB, MemoryEstimate, plan_for_run, refusal
 from eagle3_assets.drafter.training.teacher import Teacher
 from eagle3_assets.drafter.vocab_map import check_vocab_map, counts_hash, load_or_build_vocab_map
+from eagle3_assets.files import write_text_atomic
 from eagle3_assets.target.ref import OpenTarget
 
 
@@ -180,6 +180,6 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
             summary["vllm_dir"] = str(export_vllm(model, out_dir / "vllm", dtype=e.dtype, verifier=str(target.model_dir),
                                                   speculative_tokens=e.speculative_k))
     if rank == 0:
-        write_atomic_text(out_dir / "result.json", json.dumps(summary, indent=2))
+        write_text_atomic(out_dir / "result.json", json.dumps(summary, indent=2))
     barrier()
     return summary

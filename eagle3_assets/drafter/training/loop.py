@@ -33,7 +33,7 @@ import torch
 
 from eagle3_assets.drafter.model import Eagle3Drafter
 from eagle3_assets.drafter.packing import PackedBatch
-from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint, write_atomic_text
+from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from eagle3_assets.drafter.training.config import TrainSettings
 from eagle3_assets.drafter.training.distributed import all_reduce_sum, barrier, dist_info, rng_state, set_rng_state
 from eagle3_assets.drafter.training.loss import chunked_step_terms
@@ -41,6 +41,7 @@ from eagle3_assets.drafter.training.memory_plan import StepMemory, split_batch
 from eagle3_assets.drafter.training.metrics import TrainResult, add_step, new_segment, plot_training_curve, segment_from_metrics
 from eagle3_assets.drafter.training.optim import Optimizers
 from eagle3_assets.drafter.training.teacher import TERMS, TargetIdCache, Teacher, padded_step_terms
+from eagle3_assets.files import write_text_atomic
 
 # Settings a resumed run may change: they decide when to stop and what to keep, not the weights so far.
 RESUMABLE_CHANGES = {"max_steps", "epochs", "checkpoint_every", "keep_checkpoints"}
@@ -122,7 +123,7 @@ class Trainer:
                 "vocab_source_hash": self.vocab_hash, "metrics": self.metrics,
                 "segments": self.segments + ([dict(self.segment)] if self.segment else []),
             }, self.settings.keep_checkpoints)
-            write_atomic_text(self.out_dir / "metrics.json", json.dumps(self.metrics))
+            write_text_atomic(self.out_dir / "metrics.json", json.dumps(self.metrics))
         barrier()
         return path
 
@@ -351,7 +352,7 @@ class Trainer:
         metrics_path = curve_path = None
         if main and self.metrics and not stopped:
             metrics_path = self.out_dir / "metrics.json"
-            write_atomic_text(metrics_path, json.dumps(self.metrics))
+            write_text_atomic(metrics_path, json.dumps(self.metrics))
             curve_path = plot_training_curve(self.metrics, self.out_dir / "training_curve.png")
         result = TrainResult(
             steps=self.step, final=self.metrics[-1] if self.metrics else {}, metrics=self.metrics, checkpoint=last_ckpt,

@@ -24,7 +24,8 @@ import threading
 import time
 from pathlib import Path
 
-from eagle3_assets.hidden_states.journal import fsync_dir, now_iso
+from eagle3_assets.files import write_text_atomic
+from eagle3_assets.hidden_states.journal import now_iso
 
 CURSOR, DONE, LOCK = "cursor.json", "done.json", ".lock"
 
@@ -42,13 +43,7 @@ def _start_time(pid: int) -> str | None:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(data))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_text_atomic(path, json.dumps(data))
 
 
 def tree_bytes(path: Path) -> int:
