@@ -55,6 +55,7 @@ class Launch:
     # a one-worker group on this machine runs as the plain process (the trainer: the same run, no
     # rendezvous); a cluster's launcher keeps torchrun, whose tasks may form one group together
     plain_when_alone: bool = False
+    python: str = ""  # the interpreter ("": the launcher's own; another environment's needs the project on PYTHONPATH)
 
 
 class Launcher(Protocol):
@@ -109,9 +110,10 @@ def open_launcher(name: str, context, config, layout) -> Launcher:
 def local_command(launch: Launch) -> list[str]:
     """The command on this machine: the plain process, or a standalone torchrun of ``procs`` workers."""
     module = ["-m", launch.module, *launch.args]
+    python = launch.python or sys.executable
     if launch.procs is None or (launch.procs == 1 and launch.plain_when_alone):
-        return [sys.executable, *module]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={launch.procs}", *module]
+        return [python, *module]
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={launch.procs}", *module]
 
 
 class LocalLauncher:

@@ -7,19 +7,41 @@ asset then measures acceptance length by real chain speculative decoding on held
 
 import base64
 import json
+from typing import Any
 
 import dagster as dg
 
 from eagle3_assets.drafter.evaluate import eval_prompts, evaluate_drafter, train_split_sizes
 from eagle3_assets.drafter.kinds import get_kind
 from eagle3_assets.drafter.recipes import RecipeError, list_recipes, load_recipe
-from eagle3_assets.hidden_states.assets import hidden_states
+from eagle3_assets.engines import engine_resources
+from eagle3_assets.hidden_states.assets import ExtractionBackend, hidden_states
 from eagle3_assets.launchers import Launch, LauncherName, forwarded_env, open_launcher
 from eagle3_assets.metadata import md_table
-from eagle3_assets.resources import SlurmJobConfig, SlurmResource, StorageResource, TargetResource
+from eagle3_assets.resources import SlurmJobConfig
 from eagle3_assets.target.ref import TargetRef
 
 recipe_partitions = dg.StaticPartitionsDefinition(list_recipes() or ["demo"])
+
+
+class StreamingConfig(dg.Config):
+    """Streaming mode (docs/streaming.md): with ``cap_bytes`` > 0 the step captures the recipe's hidden
+    states while it trains, through a spool of at most that many bytes under the data root, with
+    ``producers`` capture processes started through the step's launcher beside the trainer (on SLURM a
+    job each, of ``slurm``'s shape, one node by default); ``hidden_states`` need not be materialized."""
+
+    cap_bytes: int = 0
+    producers: int = 1
+    backend: ExtractionBackend = "local"  # the producers' capture engine (an extract engine, as hidden_states')
+    python: str = ""  # the producers' interpreter ("": the launcher's), e.g. an environment holding SGLang
+    tp_size: int = 1  # vllm: the producer's server over this many GPUs; sglang: one rank per producer (1)
+    vllm_server_args: list[str] = []  # vllm: further arguments of the server each producer starts
+    sglang_server_args: dict[str, Any] = {}  # sglang: further ServerArgs of each producer's capture
+    slurm: SlurmJobConfig = SlurmJobConfig()  # launcher slurm: each producer's job shape over the resource's
+    stale_s: float = 60.0  # a producer on another host whose heartbeat is older is dead: its unit goes back
+    producer_restarts: int = 3  # producers that fail before the run is done are started again, this often in all
+    unit_bytes: int = 256 << 20  # a unit, the grain of capture and deletion, holds at most this
+    epochs: str = "recapture"  # "recapture" (capture every epoch again) or "keep" (refused unless all fits)
 
 
 class DrafterTrainingConfig(dg.Config):
@@ -37,17 +59,7 @@ class DrafterTrainingConfig(dg.Config):
     loss_chunk_rows: int = -1  # rows of the draft head and softmaxes at a time (0: all at once)
     memory_fraction: float = 0.9  # of each GPU's memory the plan may fill
     gpu_memory_gib: float = 0.0  # plan for GPUs of this size before launching (0: this machine's GPU, if any)
-    # Streaming (docs/streaming.md): > 0 captures the recipe's hidden states while it trains, through a spool of at
-    # most this many bytes under the data root, with stream_producers producers started through the launcher beside
-    # the trainer (the target resource's device and dtype; on SLURM a job each, of stream_slurm's shape, one node by
-    # default); the hidden_states asset need not be materialized first
-    stream_cap_bytes: int = 0
-    stream_producers: int = 1
-    stream_slurm: SlurmJobConfig = SlurmJobConfig()  # launcher slurm: each producer's job shape over the resource's
-    stream_stale_s: float = 60.0  # a producer on another host whose heartbeat is older is dead: its unit goes back
-    stream_producer_restarts: int = 3  # producers that fail before the run is done are started again, this often in all
-    stream_unit_bytes: int = 256 << 20
-    stream_epochs: str = "recapture"  # "recapture" (capture every epoch again) or "keep" (refused unless all fits)
+    stream: StreamingConfig = StreamingConfig()  # streaming mode: off unless stream.cap_bytes > 0
 
 
 def preflight_memory(recipe: str, job, target_config: dict, config: DrafterTrainingConfig, nodes: int = 1):
@@ -87,11 +99,11 @@ def launch_training(context, config: DrafterTrainingConfig, launcher, recipe: st
 
 
 def producer_launcher(context, config: DrafterTrainingConfig, layout):
-    """The streaming producers' launcher: the trainer's, with ``stream_slurm`` as the job shape on
+    """The streaming producers' launcher: the trainer's, with ``stream.slurm`` as the job shape on
     SLURM (one node, one task unless it says otherwise): each producer a job of its own."""
     from types import SimpleNamespace
 
-    shape = config.stream_slurm
+    shape = config.stream.slurm
     shape = SlurmJobConfig(**{**shape.model_dump(), "nodes": shape.nodes or 1, "tasks_per_node": shape.tasks_per_node or 1})
     return open_launcher(config.launcher, context, SimpleNamespace(slurm=shape), layout)
 
@@ -103,11 +115,13 @@ def producer_launcher(context, config: DrafterTrainingConfig, layout):
     kinds={"pytorch", "safetensors"},
     pool="gpu",
     description="EAGLE-3 drafter trained on the recipe's hidden-state shards, exported for SGLang and vLLM.",
+    # slurm: the launcher's cluster; and every resource an engine serving extract reads (streaming's producers)
+    required_resource_keys={"storage", "target", "slurm", *engine_resources("extract")},
 )
-def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainingConfig, storage: StorageResource,
-                       target: TargetResource, slurm: SlurmResource) -> dg.MaterializeResult:  # slurm: the slurm launcher's
+def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainingConfig) -> dg.MaterializeResult:
     from eagle3_assets.drafter.training.config import ExportSettings, RuntimeSettings, TrainJob
 
+    storage, target = context.resources.storage, context.resources.target
     recipe = load_recipe(context.partition_key)
     layout = storage.layout
     out = layout.drafter_dir(recipe.name)
@@ -120,10 +134,10 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     for note in notes:
         context.log.warning(f"recipe {recipe.name}: {note}")
     stream = None
-    if config.stream_cap_bytes > 0:
+    if config.stream.cap_bytes > 0:
         from eagle3_assets.drafter.stream_run import corpus_train_sizes, stream_settings_for
 
-        stream = stream_settings_for(layout, recipe, config)
+        stream = stream_settings_for(layout, recipe, config.stream)
         sizes = corpus_train_sizes(layout, recipe.datasets)
     else:
         sizes = train_split_sizes(layout, recipe.datasets, spec)
@@ -153,8 +167,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
         from eagle3_assets.drafter.stream_run import StreamRun
 
         with StreamRun(context, stream, target, out, producer_launcher(context, config, layout),
-                       f"eagle3-stream-producer-{recipe.name}", producers=config.stream_producers,
-                       stale_s=config.stream_stale_s, restarts=config.stream_producer_restarts) as run:
+                       f"eagle3-stream-producer-{recipe.name}", config.stream, context.resources) as run:
             invocation = launch_training(context, config, launcher, recipe.name, job_path, samples)
     pipes_meta = dict(invocation.metadata)
     for event in invocation.get_results():

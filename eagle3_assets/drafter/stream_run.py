@@ -17,18 +17,48 @@ import threading
 import time
 from pathlib import Path
 
+from eagle3_assets.engines import engine_role
 from eagle3_assets.hidden_states.spool.produce import CAPTURES, ProducerJob
 from eagle3_assets.hidden_states.spool.settings import StreamSettings
 from eagle3_assets.hidden_states.spool.store import DONE, tree_bytes
 from eagle3_assets.launchers import Launch, forwarded_env, wait_all
+from eagle3_assets.paths import REPO_ROOT
 from eagle3_assets.target.ref import TargetRef
 
 
-def stream_settings_for(layout, recipe, config) -> StreamSettings:
+def stream_settings_for(layout, recipe, stream) -> StreamSettings:
+    """The training job's spool settings from the step's ``StreamingConfig``."""
     return StreamSettings(spool_dir=str(layout.root / "spool" / recipe.name),
                           corpora={str(layout.corpus(d)): float(w) for d, w in recipe.datasets.items()},
-                          cap_bytes=config.stream_cap_bytes, unit_bytes=config.stream_unit_bytes,
-                          epochs=config.stream_epochs, layer_ids=recipe.shape.aux_layer_ids)
+                          cap_bytes=stream.cap_bytes, unit_bytes=stream.unit_bytes,
+                          epochs=stream.epochs, layer_ids=recipe.shape.aux_layer_ids)
+
+
+def longest_corpus(corpora) -> str:
+    """The corpus holding the longest row: an engine sizes its server or KV pool by it."""
+    import polars as pl
+
+    def longest(path):
+        return pl.scan_parquet(path).select(pl.col("input_ids").list.len().max()).collect().item() or 0
+
+    return max(corpora, key=longest)
+
+
+def producer_settings(stream, target, resources, corpora, spec) -> dict:
+    """The ``ProducerJob`` fields of the configured capture engine, through its extract role: a
+    ``tensor_parallel`` engine's capture runs as one rank in each producer (``tp_size`` 1) with the
+    further ``sglang_server_args``; the others' job settings are their extraction job's, sized for
+    the recipe's longest row (vLLM's: the server each producer starts)."""
+    from types import SimpleNamespace
+
+    role = engine_role("extract", stream.backend)
+    if role.tensor_parallel:
+        if stream.tp_size != 1:
+            raise ValueError(f"stream.tp_size {stream.tp_size} for backend {stream.backend!r}: each producer "
+                             "captures as one rank (tp_size: 1); for more capture, raise stream.producers")
+        return {"server_args": dict(stream.sglang_server_args), "tp_size": 1}
+    shape = SimpleNamespace(tp_size=stream.tp_size, vllm_server_args=list(stream.vllm_server_args))
+    return role.job_settings(shape, target, resources, longest_corpus(corpora), spec)
 
 
 def corpus_train_sizes(layout, datasets) -> dict[str, int]:
@@ -42,14 +72,20 @@ def corpus_train_sizes(layout, datasets) -> dict[str, int]:
 class StreamRun:
     """Producers started on enter, stopped (or awaited) on exit; ``figures()`` for the metadata."""
 
-    def __init__(self, context, settings: StreamSettings, target, out: Path, launcher, name: str, producers: int = 1,
-                 stale_s: float = 60.0, restarts: int = 3, check_s: float = 2.0):
-        self.context, self.settings, self.out, self.n = context, settings, Path(out) / "stream", producers
+    def __init__(self, context, settings: StreamSettings, target, out: Path, launcher, name: str, stream,
+                 resources, check_s: float = 2.0):
+        """``stream``: the step's ``StreamingConfig``; ``resources``: the step's (those the capture
+        engine's extract role reads)."""
+        self.context, self.settings, self.out, self.n = context, settings, Path(out) / "stream", stream.producers
         self.launcher, self.name = launcher, name  # the producers' launcher; their jobs' name prefix
         self.spool = Path(settings.spool_dir)
+        self.python = stream.python
         spec = target.spec()
-        self.job = dict(spool_dir=settings.spool_dir, target=TargetRef.of(spec), stale_s=stale_s,
-                        device=target.device, model_dtype=target.dtype, threads=getattr(target, "threads", 0) or 0)
+        self.job = dict(spool_dir=settings.spool_dir, target=TargetRef.of(spec), stale_s=stream.stale_s,
+                        device=target.device, model_dtype=target.dtype, threads=getattr(target, "threads", 0) or 0,
+                        backend=stream.backend,
+                        **producer_settings(stream, target, resources, settings.corpora, spec))
+        restarts = stream.producer_restarts
         self.started: list = []  # the live handle of each producer
         self.ended: list = []  # handles of producers that failed and were started again
         self.launches: list[Launch] = []
@@ -95,12 +131,14 @@ class StreamRun:
         self.out.mkdir(parents=True, exist_ok=True)
         self.spool.mkdir(parents=True, exist_ok=True)
         exports = {**forwarded_env(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        if self.python:  # another environment's interpreter: the project from this checkout
+            exports["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
         try:
             for i in range(self.n):
                 path = self.out / f"producer-{i}.json"
                 path.write_text(ProducerJob(**self.job, name=f"producer-{i}").model_dump_json(indent=2))
                 launch = Launch(f"{self.name}-{i}", "eagle3_assets.hidden_states.spool", ["--config", str(path)],
-                                exports=exports)
+                                exports=exports, python=self.python)
                 self.launches.append(launch)
                 self.started.append(self.launcher.start(self.context, launch, self.out / f"producer-{i}"))
         except BaseException:
@@ -108,7 +146,8 @@ class StreamRun:
             raise
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
-        self.context.log.info(f"streaming: {self.n} producer(s) started on {self.spool} (cap {self.settings.cap_bytes:,} bytes)")
+        self.context.log.info(f"streaming: {self.n} {self.job['backend']} producer(s) started on {self.spool} "
+                              f"(cap {self.settings.cap_bytes:,} bytes)")
         return self
 
     def _stop_all(self, wait_s: float) -> None:
@@ -140,6 +179,8 @@ class StreamRun:
         stream = result.get("stream") or {}
         wall = result.get("wall_s") or 0.0
         return {
+            "stream_backend": self.job["backend"],
+            "stream_producers": self.n,
             "stream_cap_bytes": self.settings.cap_bytes,
             "stream_peak_spool_bytes": self.peak,
             "stream_units_planned": stream.get("units"),

@@ -63,7 +63,9 @@ def rendezvous_port(job_id_var: str = "SLURM_JOB_ID") -> str:
 
 
 def entry_command(launch: Launch, python: str) -> list[str]:
-    """The command every task runs (shell variables $EAGLE3_HEAD and $EAGLE3_PORT are the rendezvous)."""
+    """The command every task runs (shell variables $EAGLE3_HEAD and $EAGLE3_PORT are the rendezvous);
+    ``python``: the nodes' interpreter, unless the launch names its own."""
+    python = launch.python or python
     if launch.procs is None:
         return [python, "-m", launch.module, *launch.args]
     if launch.per_node:  # a process group of its own on every task (node): nothing to meet across nodes

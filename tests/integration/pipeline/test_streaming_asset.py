@@ -21,7 +21,7 @@ def test_demo_recipe_streams_from_one_materialization(layout):
         for name in recipe.datasets:
             write_jsonl(layout.prompt_source(name), small_prompts(4, prefix=f"{name}-"))
             assert run_dataset(instance, name, resources={"dataset_settings": DatasetSettings(eval_fraction=0.5)}).success
-        result = run_drafter(instance, "demo", config={"threads": 1, "stream_cap_bytes": cap, "stream_unit_bytes": 1 << 20})
+        result = run_drafter(instance, "demo", config={"threads": 1, "stream": {"cap_bytes": cap, "unit_bytes": 1 << 20}})
         assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     meta = {k: v.value for k, v in result.asset_materializations_for_node("drafter_checkpoint")[0].metadata.items()}
     assert not any(layout.hidden_states_dir(d).exists() for d in recipe.datasets)  # nothing stored offline

@@ -41,8 +41,8 @@ PRODUCER = f"eagle3-stream-producer-{RECIPE}-0"
 STREAM_ON_TWO_NODES = {
     "launcher": "slurm", "threads": 1, "nproc_per_node": 1,
     "slurm": {"nodes": 1, "sbatch_options": ["--exclusive"]},  # the trainer: a node of its own
-    "stream_slurm": {"sbatch_options": ["--exclusive"]},  # the producer: the other node
-    "stream_cap_bytes": CAP, "stream_unit_bytes": 300_000, "stream_stale_s": 5.0, "stream_producer_restarts": 1,
+    "stream": {"slurm": {"sbatch_options": ["--exclusive"]},  # the producer: the other node
+               "cap_bytes": CAP, "unit_bytes": 300_000, "stale_s": 5.0, "producer_restarts": 1},
 }
 
 

@@ -172,7 +172,7 @@ def test_the_local_launcher_starts_a_process_beside_the_step_and_stops_it(tmp_pa
 
 
 def test_streaming_producers_on_slurm_are_one_node_jobs_of_their_own(tmp_path, monkeypatch):
-    """On SLURM each producer is a job of ``stream_slurm``'s shape, one node and one task unless it
+    """On SLURM each producer is a job of ``stream.slurm``'s shape, one node and one task unless it
     says otherwise (where the trainer's resource asks for two), submitted by ``start`` without
     following it; its script runs the producer's module on one task."""
     from eagle3_assets.drafter.assets import DrafterTrainingConfig, producer_launcher
@@ -185,7 +185,7 @@ def test_streaming_producers_on_slurm_are_one_node_jobs_of_their_own(tmp_path, m
     monkeypatch.setattr(slurm_launcher.scheduler, "sbatch", lambda script: submitted.append(script) or "42")
     context = SimpleNamespace(resources=SimpleNamespace(slurm=SlurmResource(nodes=2, tasks_per_node=2)),
                               log=SimpleNamespace(info=lambda msg: None), run=SimpleNamespace(run_id="r" * 32))
-    config = DrafterTrainingConfig(launcher="slurm", stream_slurm={"sbatch_options": ["--exclusive"]})
+    config = DrafterTrainingConfig(launcher="slurm", stream={"slurm": {"sbatch_options": ["--exclusive"]}})
     launcher = producer_launcher(context, config, DataLayout(tmp_path / "data"))
     assert (launcher.nodes, launcher.tasks) == (1, 1)
     launch = Launch("eagle3-stream-producer-demo-0", "eagle3_assets.hidden_states.spool", ["--config", "p.json"])
