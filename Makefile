@@ -100,6 +100,9 @@ vllm:
 SGLANG_SPEC := sglang==0.5.23
 SGLANG_KERNEL_SPEC := sglang-kernel==0.4.10
 SGLANG_ENV ?= $(HOME)/.cache/eagle3-assets/venv-sglang-cpu-0.5.23
+# What the project's own code run by SGLang's interpreter needs beside SGLang's requirements: a
+# streaming producer with backend sglang reads the corpus with polars (docs/streaming.md).
+SGLANG_PROJECT_SPEC := polars==2.1.0 polars-runtime-32==2.1.0
 SGLANG_LINK := .venv-sglang
 
 sglang:
@@ -117,6 +120,8 @@ sglang:
 		rm -rf $$tmp && { cat requirements/sglang-cpu.txt; echo "$(SGLANG_SPEC) $(SGLANG_KERNEL_SPEC) $(TORCH_SPEC)"; } > $(SGLANG_ENV)/.requirements && \
 		echo "SGLang environment built in $$(( $$(date +%s) - start )) s: $(SGLANG_ENV)"; \
 	fi
+	@echo "$(SGLANG_PROJECT_SPEC)" | cmp -s - $(SGLANG_ENV)/.project-requirements || { \
+		$(SGLANG_ENV)/bin/pip install -q --no-deps $(SGLANG_PROJECT_SPEC) && echo "$(SGLANG_PROJECT_SPEC)" > $(SGLANG_ENV)/.project-requirements; }
 	@if [ -e $(SGLANG_LINK) ] && [ ! -L $(SGLANG_LINK) ]; then echo "$(SGLANG_LINK) exists and is not a link; left as is" >&2; \
 	else ln -sfn $(SGLANG_ENV) $(SGLANG_LINK); fi
 	@$(SGLANG_ENV)/bin/pip list 2>/dev/null | grep -E '^torch ' | grep -q '2.13.0+cpu' || { echo "SGLang environment: torch is not 2.13.0+cpu" >&2; exit 1; }

@@ -9,13 +9,16 @@ do not depend on which samples share its batches.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import polars as pl
 import torch
@@ -128,8 +131,8 @@ def wait_for(cond, timeout: float, what: str, procs=()):
     deadline = time.monotonic() + timeout
     while not cond():
         for p in procs:
-            if p.poll() is not None and p.returncode != 0:
-                raise AssertionError(f"{what}: a process ended with {p.returncode}")
+            if p.poll() not in (None, 0):
+                raise AssertionError(f"{what}: a process ended with {p.poll()}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
@@ -187,3 +190,26 @@ def assert_each_sample_trained_once(train_dir: Path, spool: Path, corpus: Path, 
     assert all(m["loss"] == m["loss"] for m in state["metrics"])  # finite losses
     assert not [p for d in ("units", "leases", "tmp") if (spool / d).exists() for p in (spool / d).iterdir()]
     assert sorted(s for c in captured_units(spool) for s in c["samples"]) == sorted(corpus_ids)
+
+
+@contextlib.contextmanager
+def producers_as_the_step_starts_them(out: Path, model_dir: Path, settings: StreamSettings, **stream):
+    """Producers started as ``drafter_checkpoint`` starts them for a config ``stream: {...}``: its
+    ``StreamRun`` through the real local launcher, with the target resource on CPU (float32, one
+    thread) and the resources an engine's extract role reads; the producers end when the run is done."""
+    from eagle3_assets.drafter.assets import StreamingConfig
+    from eagle3_assets.drafter.stream_run import StreamRun
+    from eagle3_assets.launchers import LocalLauncher
+    from eagle3_assets.resources import SlurmResource, TargetResource, VLLMResource
+
+    target = TargetResource(model=str(model_dir), device="cpu", dtype="float32", threads=1)
+    resources = SimpleNamespace(target=target, vllm=VLLMResource(), slurm=SlurmResource())
+    context = SimpleNamespace(log=logging.getLogger("eagle3.stream"))
+    with StreamRun(context, settings, target, out, LocalLauncher(), "eagle3-stream-producer-test",
+                   StreamingConfig(**stream), resources) as run:
+        yield run
+
+
+def producer_log(run) -> str:
+    """Every producer's output so far (each started one's log file), for a failure's message."""
+    return "\n".join(s.log.read_text()[-3000:] for s in [*run.ended, *run.started] if s.log.exists())

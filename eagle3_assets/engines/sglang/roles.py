@@ -46,6 +46,9 @@ class SGLangExtract:
         """This rank's SGLang model (``SGLangCapture``), its KV pool sized for ``longest_row``."""
         import os
 
+        from eagle3_assets.engines.sglang.cpu import enable_in_process
+
+        enable_in_process()  # a CPU machine: SGLang's CPU engine, as a server started by the project gets
         from eagle3_assets.engines.sglang.capture import SGLangCapture
         from eagle3_assets.target.precision import resolve_dtype
 

@@ -1,6 +1,8 @@
-"""A streamed run whose producer captures through SGLang's in-process capture (``backend: sglang``,
-one rank): the producer runs with SGLang's own interpreter (``.venv-sglang``, CPU engine) and builds
-the capture through the engine's extract role, as each rank of ``sglang_extract`` does.
+"""A streamed run whose producer captures through SGLang's in-process capture, chosen as a user
+chooses it in ``drafter_checkpoint``'s config (``stream: {backend: sglang, python: ...}``, one rank):
+the step's ``StreamRun`` starts the producer with SGLang's own interpreter (``.venv-sglang``), which
+turns SGLang's CPU engine on by itself and builds the capture through the engine's extract role, as
+each rank of ``sglang_extract`` does.
 
 Every unit the SGLang producer published holds, for each of its samples, the local extractor's
 float32 states within the tolerance of ``test_sglang_capture_real``: per token, the largest
@@ -13,17 +15,14 @@ then consumes every sample once (its own step records in the checkpoint), and th
 As in the vLLM version (``tests/integration/vllm/test_vllm_streaming.py``), the producer is started
 against a plan written the way the trainer writes it, with a cap that holds the whole corpus, so it
 publishes every unit before the trainer (same settings, so the same plan) reads them: the units can
-be read here before they are consumed and deleted. The SGLang environment has no ``polars``; the
-producer gets this interpreter's copy on its ``PYTHONPATH`` (same Python, a self-contained wheel).
+be read here before they are consumed and deleted. ``make sglang`` puts ``polars`` in SGLang's
+environment for the producer; the project comes from this checkout, on the producer's ``PYTHONPATH``.
 Scale: 12 samples of 26-48 tokens, one epoch of 4 steps.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import os
-from pathlib import Path
 
 import pytest
 
@@ -32,10 +31,9 @@ from tests.support.streaming import (
     assert_each_sample_trained_once,
     captured_units,
     engine_producer_setup,
-    env,
-    producer_job,
+    producer_log,
+    producers_as_the_step_starts_them,
     published_samples,
-    spawn_producer,
     train_job,
     wait_for,
 )
@@ -49,48 +47,26 @@ BF16_STEP = 2.0 ** -8
 CPU_SERVER_ARGS = {"device": "cpu", "attention_backend": "torch_native", "mem_fraction_static": 0.1}
 
 
-def polars_site(root):
-    """A folder holding links to this interpreter's polars (and its runtime), for the SGLang env."""
-    root.mkdir()
-    for dist in ("polars", "polars-runtime-32"):
-        try:
-            d = importlib.metadata.distribution(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        for top in {f.parts[0] for f in d.files or [] if len(f.parts) > 1 and not f.parts[0].endswith(".dist-info")}:
-            src = Path(d.locate_file(top))
-            if src.is_dir() and not (root / top).exists():
-                (root / top).symlink_to(src)
-    return root
-
-
-def sglang_producer_env(site) -> dict:
-    from eagle3_assets.engines.sglang.cpu import server_environment
-
-    e = server_environment(env())
-    e["PYTHONPATH"] += os.pathsep + str(site)
-    e["SGLANG_USE_CPU_ENGINE"] = "1"
-    return e
-
-
-def test_a_sglang_producer_feeds_a_streamed_run(model_dir, tmp_path):
+def test_a_sglang_producer_chosen_in_the_config_feeds_a_streamed_run(model_dir, tmp_path):
     from eagle3_assets.drafter.training.job import run_job
     from eagle3_assets.engines.local.extractor import LocalExtractor
     from eagle3_assets.engines.sglang.server import default_python
 
     corpus, spool, settings, train, plan = engine_producer_setup(tmp_path)
 
-    job = producer_job(spool, model_dir).model_copy(update={"backend": "sglang", "server_args": CPU_SERVER_ARGS})
-    (tmp_path / "producer.json").write_text(job.model_dump_json())
-    log = tmp_path / "producer.log"
-    producer = spawn_producer(tmp_path / "producer.json", log, python=default_python(),
-                              environ=sglang_producer_env(polars_site(tmp_path / "site")))
-    try:
+    # drafter_checkpoint's config `stream: {backend: sglang, python: <SGLang's env>, sglang_server_args: ...}`:
+    # the producer runs in SGLang's environment (`make sglang` puts polars there) and turns SGLang's CPU
+    # engine on by itself; nothing here prepares its environment
+    with producers_as_the_step_starts_them(tmp_path / "out", model_dir, settings, backend="sglang",
+                                           python=default_python(), sglang_server_args=CPU_SERVER_ARGS,
+                                           producer_restarts=0) as run:
         try:
             wait_for(lambda: len(captured_units(spool)) == len(plan["units"]), 900,
-                     "every unit published by the SGLang producer", procs=[producer])
+                     "every unit published by the SGLang producer", procs=run.started)
         except AssertionError:
-            raise AssertionError(log.read_text()[-4000:]) from None
+            raise AssertionError(producer_log(run)) from None
+        job = json.loads((tmp_path / "out" / "stream" / "producer-0.json").read_text())
+        assert (job["backend"], job["tp_size"], job["server_args"]) == ("sglang", 1, CPU_SERVER_ARGS)
 
         for unit in (spool / "units").iterdir():
             assert json.loads((unit / MANIFEST).read_text())["backend"].startswith("sglang-")  # captured by SGLang
@@ -111,12 +87,8 @@ def test_a_sglang_producer_feeds_a_streamed_run(model_dir, tmp_path):
         print(f"SGLang producer's units vs the local extractor: worst per-token relative difference {worst:.2e}")
 
         summary = run_job(train_job(model_dir, tmp_path / "train", stream=settings, settings=train))
-        assert producer.wait(300) == 0, log.read_text()[-3000:]
-    finally:
-        if producer.poll() is None:
-            producer.kill()
-            producer.wait()
+    assert [s.poll() for s in run.started] == [0], producer_log(run)  # ended by itself once the run was done
 
     assert summary["steps"] == 4
     assert_each_sample_trained_once(tmp_path / "train", spool, corpus, steps=4)
-    assert {c["producer"] for c in captured_units(spool)} == {"p0"}
+    assert {c["producer"] for c in captured_units(spool)} == {"producer-0"}

@@ -1,5 +1,7 @@
-"""A streamed run whose producer captures through a real vLLM (``backend: vllm``: the producer
-process starts its own extraction server from ``.venv-vllm`` on the embedded SmolLM2 target).
+"""A streamed run whose producer captures through a real vLLM, chosen as a user chooses it in
+``drafter_checkpoint``'s config (``stream: {backend: vllm}``): the step's ``StreamRun`` writes the
+producer's job and starts it through the local launcher; the producer process starts its own
+extraction server from ``.venv-vllm`` on the embedded SmolLM2 target.
 
 vLLM's states differ from the local extractor's in the last float32 bits (the tolerance of
 ``test_vllm_extraction``), and the spool stores them in bf16, where such a difference can flip a
@@ -17,6 +19,8 @@ Scale: 12 samples of 26-48 tokens, one epoch of 4 steps; one vLLM server (70-170
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -24,9 +28,9 @@ from tests.support.streaming import (
     assert_each_sample_trained_once,
     captured_units,
     engine_producer_setup,
-    producer_job,
+    producer_log,
+    producers_as_the_step_starts_them,
     published_samples,
-    spawn_producer,
     train_job,
     wait_for,
 )
@@ -43,22 +47,21 @@ def _relative_error(a, b) -> float:
     return float(((a.float() - b.float()).norm(dim=-1) / b.float().norm(dim=-1).clamp_min(1e-6)).max())
 
 
-def test_a_vllm_producer_feeds_a_streamed_run(model_dir, tmp_path):
+def test_a_vllm_producer_chosen_in_the_config_feeds_a_streamed_run(model_dir, tmp_path):
     from eagle3_assets.drafter.training.job import run_job
     from eagle3_assets.engines.local.extractor import LocalExtractor
-    from eagle3_assets.engines.vllm.extraction import VLLMServerSpec
-    from eagle3_assets.engines.vllm.server import default_python
 
     corpus, spool, settings, train, plan = engine_producer_setup(tmp_path)
 
-    job = producer_job(spool, model_dir).model_copy(update={
-        "backend": "vllm", "vllm": VLLMServerSpec(python=default_python(), max_model_len=128, ready_timeout_s=600)})
-    (tmp_path / "producer.json").write_text(job.model_dump_json())
-    producer = spawn_producer(tmp_path / "producer.json", tmp_path / "producer.log")
-    try:
-        wait_for(lambda: len(captured_units(spool)) == len(plan["units"]), 900, "every unit published by the vLLM producer",
-                 procs=[producer])
-        assert "vLLM extraction server ready" in (tmp_path / "producer.log").read_text()
+    # drafter_checkpoint's config `stream: {backend: vllm}`: the step's StreamRun writes the producer's
+    # job (the vLLM server's settings from the extract role, sized for the corpus) and starts it
+    with producers_as_the_step_starts_them(tmp_path / "out", model_dir, settings, backend="vllm",
+                                           producer_restarts=0) as run:
+        wait_for(lambda: len(captured_units(spool)) == len(plan["units"]), 900,
+                 "every unit published by the vLLM producer", procs=run.started)
+        job = json.loads((tmp_path / "out" / "stream" / "producer-0.json").read_text())
+        assert job["backend"] == "vllm" and job["vllm"]["max_model_len"] == 256  # the corpus's 48 tokens + 1, rounded up
+        assert "vLLM extraction server ready" in producer_log(run)
 
         # what the vLLM producer published, against the local extractor on the same ids
         stored = published_samples(spool)
@@ -76,11 +79,7 @@ def test_a_vllm_producer_feeds_a_streamed_run(model_dir, tmp_path):
         assert max(errors) < 1e-2
 
         summary = run_job(train_job(model_dir, tmp_path / "train", stream=settings, settings=train))
-        assert producer.wait(120) == 0, (tmp_path / "producer.log").read_text()[-3000:]
-    finally:
-        if producer.poll() is None:
-            producer.kill()
-            producer.wait()
+    assert [s.poll() for s in run.started] == [0], producer_log(run)  # ended by itself once the run was done
 
     assert summary["steps"] == 4
     assert_each_sample_trained_once(tmp_path / "train", spool, corpus, steps=4)

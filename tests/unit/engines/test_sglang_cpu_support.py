@@ -100,3 +100,23 @@ def test_extend_attention_with_sglangs_tree_mask_equals_sdpa_over_each_nodes_anc
     torch.ops.sgl_kernel.extend_attention_cpu(q, None, None, chain, *args, None, True)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(chain, want, atol=1e-3)  # the mask matters: causal order alone is wrong here
+
+
+def test_the_cpu_support_turns_on_inside_a_process_that_has_not_imported_sglang():
+    """A streaming producer started by a launcher that knows nothing of CPUs: the capture turns SGLang's
+    CPU engine on in its own process (the switch, the hook folder first on sys.path, torchvision's op
+    schemas declared and kept alive), once; a second call changes nothing."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import os, sys, torch\n"
+        "from eagle3_assets.engines.sglang.cpu import HOOK_DIR, enable_in_process\n"
+        "first, second = enable_in_process(), enable_in_process()\n"
+        "import gc; gc.collect()\n"
+        "torch._C._dispatch_find_schema_or_throw('torchvision::nms', '')\n"
+        "print(first, second, os.environ['SGLANG_USE_CPU_ENGINE'], sys.path[0] == str(HOOK_DIR))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "False", "1", "True"]

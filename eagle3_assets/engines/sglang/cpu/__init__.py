@@ -30,3 +30,25 @@ def server_environment(base: dict | None = None) -> dict:
     parts = [str(HOOK_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     return env
+
+
+def enable_in_process() -> bool:
+    """What :func:`server_environment` gives a server, for this process: SGLang's CPU engine and the
+    folder :data:`HOOK_DIR` first on ``sys.path``, its ``sitecustomize`` run. Called before SGLang is
+    imported, on a machine without CUDA (a streaming producer's one-rank capture, started by a launcher
+    that knows nothing of CPUs); False, and nothing changed, where CUDA is present or it already ran."""
+    import importlib.util
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available() or str(HOOK_DIR) in sys.path:
+        return False
+    if "sglang" in sys.modules or "torchvision" in sys.modules:
+        raise RuntimeError("SGLang's CPU support must be enabled before SGLang or torchvision is imported")
+    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+    sys.path.insert(0, str(HOOK_DIR))
+    spec = importlib.util.spec_from_file_location("eagle3_sglang_cpu_hook", HOOK_DIR / "sitecustomize.py")
+    hook = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # kept: its op library lives with it
+    spec.loader.exec_module(hook)
+    return True
