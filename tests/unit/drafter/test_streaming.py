@@ -178,22 +178,28 @@ def offline(model_dir, tmp_path_factory):
 
 
 @pytest.mark.model
-def test_streaming_trains_the_same_drafter_as_offline_bit_for_bit(offline, model_dir, tmp_path):
+@pytest.mark.parametrize("producers", [1, 2], ids=["one-producer", "two-producers"])
+def test_streaming_trains_the_same_drafter_as_offline_bit_for_bit(offline, model_dir, tmp_path, producers):
+    """Whichever producer captured a unit, the trainer reads the plan's order: two producers on one
+    spool (each its own process, leases deciding who captures what) train the same drafter too."""
     from eagle3_assets.drafter.training.job import run_job
 
     spool = tmp_path / "spool"
     settings = stream_settings(spool, offline["corpus"], cap_bytes=1_900_000)
-    job_path = tmp_path / "producer.json"
-    job_path.write_text(producer_job(spool, model_dir).model_dump_json())
+    procs = []
+    for i in range(producers):
+        job_path = tmp_path / f"producer-{i}.json"
+        job_path.write_text(producer_job(spool, model_dir, name=f"p{i}").model_dump_json())
+        procs.append(spawn_producer(job_path, tmp_path / f"producer-{i}.log"))
     sampler = Sampler(spool)
-    producer = spawn_producer(job_path, tmp_path / "producer.log")
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         summary = run_job(train_job(model_dir, tmp_path / "train", stream=settings))
     finally:
         torch.set_num_threads(old)
-        assert producer.wait(60) == 0, (tmp_path / "producer.log").read_text()[-3000:]
+        for i, producer in enumerate(procs):
+            assert producer.wait(60) == 0, (tmp_path / f"producer-{i}.log").read_text()[-3000:]
         peak = sampler.stop()
 
     a = load_checkpoint(latest_checkpoint(offline["train"]))
@@ -211,6 +217,7 @@ def test_streaming_trains_the_same_drafter_as_offline_bit_for_bit(offline, model
     assert not any((spool / "tmp").iterdir())
     captured = [json.loads(line) for line in (spool / "captures.jsonl").read_text().splitlines()]
     assert sorted(s for c in captured for s in c["samples"]) == [f"s{i:03d}" for i in range(12)]
+    assert {c["producer"] for c in captured} == {f"p{i}" for i in range(producers)}  # each captured its share
     assert summary["stream"]["wait_s"] > 0
     print(f"peak spool bytes {peak:,} of cap {settings.cap_bytes:,}; offline shards {filesystem_bytes(offline['shards']):,}")
 
