@@ -42,6 +42,7 @@ class StreamingConfig(dg.Config):
     producer_restarts: int = 3  # producers that fail before the run is done are started again, this often in all
     unit_bytes: int = 256 << 20  # a unit, the grain of capture and deletion, holds at most this
     epochs: str = "recapture"  # "recapture" (capture every epoch again) or "keep" (refused unless all fits)
+    progress_every_s: float = 30.0  # the step logs both sides' progress and the spool's bytes this often
 
 
 class DrafterTrainingConfig(dg.Config):

@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 
 from eagle3_assets.engines import engine_role
+from eagle3_assets.hidden_states.spool.plan import PLAN
 from eagle3_assets.hidden_states.spool.produce import CAPTURES, ProducerJob
 from eagle3_assets.hidden_states.spool.settings import StreamSettings
-from eagle3_assets.hidden_states.spool.store import DONE, tree_bytes
+from eagle3_assets.hidden_states.spool.store import CURSOR, DONE, tree_bytes
 from eagle3_assets.launchers import Launch, forwarded_env, wait_all
 from eagle3_assets.paths import REPO_ROOT
 from eagle3_assets.target.ref import TargetRef
@@ -69,6 +70,14 @@ def corpus_train_sizes(layout, datasets) -> dict[str, int]:
             for d in datasets}
 
 
+def _read_json(path: Path) -> dict | None:
+    """A JSON file the other side writes atomically; None while it is not there yet."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 class StreamRun:
     """Producers started on enter, stopped (or awaited) on exit; ``figures()`` for the metadata."""
 
@@ -89,24 +98,46 @@ class StreamRun:
         self.started: list = []  # the live handle of each producer
         self.ended: list = []  # handles of producers that failed and were started again
         self.launches: list[Launch] = []
-        self.restarts, self.check_s, self.relaunched = restarts, check_s, 0
+        self.restarts, self.check_s, self.progress_s, self.relaunched = restarts, check_s, stream.progress_every_s, 0
         self.peak = 0
+        self._planned: tuple[int, int] | None = None  # the plan's units and steps, once the trainer wrote it
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._closing = False
 
     def _sample(self) -> None:
-        """The spool's bytes every 50 ms; every ``check_s`` the producers' state."""
+        """The spool's bytes every 50 ms; every ``check_s`` the producers' state; every
+        ``progress_s`` one line of both sides' progress in the step's log."""
         next_check = time.monotonic() + self.check_s
+        next_progress = time.monotonic() + self.progress_s
+        held = 0
         while not self._stop.wait(0.05):
             if self.spool.exists():
-                self.peak = max(self.peak, tree_bytes(self.spool))
+                held = tree_bytes(self.spool)
+                self.peak = max(self.peak, held)
+            if time.monotonic() >= next_progress:
+                next_progress = time.monotonic() + self.progress_s
+                self.context.log.info(f"streaming: {self.progress(held)}")
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + self.check_s
                 try:
                     self._relaunch_failed()
                 except Exception as exc:  # a scheduler hiccup (squeue down): try again at the next check
                     self.context.log.warning(f"streaming: could not check the producers: {exc}")
+
+    def progress(self, held: int) -> str:
+        """Capture and training so far, from the spool's own files: units published (captures journal)
+        of those planned, the trainer's step (cursor) of the plan's, the spool's bytes against the cap."""
+        if self._planned is None and (plan := _read_json(self.spool / PLAN)):  # written once: read once
+            self._planned = (len(plan["units"]), plan["total_steps"])
+        units, steps = self._planned or ("?", "?")
+        cursor = _read_json(self.spool / CURSOR) or {}
+        captures = self.spool / CAPTURES
+        published = sum(1 for line in captures.read_text().splitlines() if line.strip()) if captures.exists() else 0
+        alive = sum(s.poll() is None for s in self.started)
+        return (f"capture {published} of {units} units; training step {cursor.get('step') or 0} "
+                f"of {steps}; spool {held:,} of {self.settings.cap_bytes:,} bytes "
+                f"(peak {self.peak:,}); {alive} of {self.n} producer(s) running")
 
     def _relaunch_failed(self) -> None:
         with self._lock:

@@ -21,8 +21,10 @@ def test_demo_recipe_streams_from_one_materialization(layout):
         for name in recipe.datasets:
             write_jsonl(layout.prompt_source(name), small_prompts(4, prefix=f"{name}-"))
             assert run_dataset(instance, name, resources={"dataset_settings": DatasetSettings(eval_fraction=0.5)}).success
-        result = run_drafter(instance, "demo", config={"threads": 1, "stream": {"cap_bytes": cap, "unit_bytes": 1 << 20}})
+        result = run_drafter(instance, "demo", config={"threads": 1, "stream": {"cap_bytes": cap, "unit_bytes": 1 << 20,
+                                                                                "progress_every_s": 2.0}})
         assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+        logged = [e.user_message for e in instance.all_logs(result.run_id)]
     meta = {k: v.value for k, v in result.asset_materializations_for_node("drafter_checkpoint")[0].metadata.items()}
     assert not any(layout.hidden_states_dir(d).exists() for d in recipe.datasets)  # nothing stored offline
     spool = layout.root / "spool" / "demo"
@@ -33,3 +35,8 @@ def test_demo_recipe_streams_from_one_materialization(layout):
     assert meta["stream_trainer_wait_s"] > 0 and meta["stream_producer_wait_share"] is not None
     assert not any((spool / "units").iterdir()) and (spool / "done.json").exists()
     assert meta["acceptance_length"] >= 1.0 and meta["steps"] == plan["total_steps"]
+    assert (meta["stream_backend"], meta["stream_producers"]) == ("local", 1)
+    # the step's log, while it ran: both sides' progress and the spool's bytes against the cap
+    progress = [m for m in logged if m.startswith("streaming: capture ")]
+    assert progress and all(f"bytes of {cap:,}" not in m and f"of {cap:,} bytes" in m for m in progress), progress
+    assert f"of {len(plan['units'])} units; training step" in progress[-1]
