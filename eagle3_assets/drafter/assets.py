@@ -43,6 +43,10 @@ class StreamingConfig(dg.Config):
     unit_bytes: int = 256 << 20  # a unit, the grain of capture and deletion, holds at most this
     epochs: str = "recapture"  # "recapture" (capture every epoch again) or "keep" (refused unless all fits)
     progress_every_s: float = 30.0  # the step logs both sides' progress and the spool's bytes this often
+    # the preflight's trainer idle estimate (tokens/s, all producers / all trainer ranks); 0: as measured by
+    # earlier materializations (this recipe's last run, else its datasets' hidden_states extraction)
+    capture_tokens_per_s: float = 0.0
+    train_tokens_per_s: float = 0.0
 
 
 class DrafterTrainingConfig(dg.Config):
@@ -136,9 +140,11 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
         context.log.warning(f"recipe {recipe.name}: {note}")
     stream = None
     if config.stream.cap_bytes > 0:
-        from eagle3_assets.drafter.stream_run import corpus_train_sizes, stream_settings_for
+        from eagle3_assets.drafter.stream_run import corpus_train_sizes, measured_rates, stream_settings_for
 
-        stream = stream_settings_for(layout, recipe, config.stream)
+        rates = measured_rates(context.instance, recipe, config.stream)
+        context.log.info(f"streaming: preflight rates {rates}")
+        stream = stream_settings_for(layout, recipe, config.stream, rates)
         sizes = corpus_train_sizes(layout, recipe.datasets)
     else:
         sizes = train_split_sizes(layout, recipe.datasets, spec)

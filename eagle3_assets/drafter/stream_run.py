@@ -19,6 +19,7 @@ from pathlib import Path
 
 from eagle3_assets.engines import engine_role
 from eagle3_assets.hidden_states.spool.plan import PLAN
+from eagle3_assets.hidden_states.spool.preflight import PREFLIGHT, preflight_line
 from eagle3_assets.hidden_states.spool.produce import CAPTURES, ProducerJob
 from eagle3_assets.hidden_states.spool.settings import StreamSettings
 from eagle3_assets.hidden_states.spool.store import CURSOR, DONE, tree_bytes
@@ -27,12 +28,49 @@ from eagle3_assets.paths import REPO_ROOT
 from eagle3_assets.target.ref import TargetRef
 
 
-def stream_settings_for(layout, recipe, stream) -> StreamSettings:
-    """The training job's spool settings from the step's ``StreamingConfig``."""
+def stream_settings_for(layout, recipe, stream, rates: dict | None = None) -> StreamSettings:
+    """The training job's spool settings from the step's ``StreamingConfig``; ``rates``: the
+    preflight's tokens/s (``measured_rates``)."""
+    rates = rates or {}
     return StreamSettings(spool_dir=str(layout.root / "spool" / recipe.name),
                           corpora={str(layout.corpus(d)): float(w) for d, w in recipe.datasets.items()},
                           cap_bytes=stream.cap_bytes, unit_bytes=stream.unit_bytes,
-                          epochs=stream.epochs, layer_ids=recipe.shape.aux_layer_ids)
+                          epochs=stream.epochs, layer_ids=recipe.shape.aux_layer_ids,
+                          capture_tokens_per_s=rates.get("capture_tokens_per_s"),
+                          train_tokens_per_s=rates.get("train_tokens_per_s"))
+
+
+def _latest_metadata(instance, key: str, partition: str) -> dict:
+    import dagster as dg
+
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(key), asset_partitions=[partition]), limit=1).records
+    if not records or records[0].asset_materialization is None:
+        return {}
+    return {k: getattr(v, "value", v) for k, v in records[0].asset_materialization.metadata.items()}
+
+
+def measured_rates(instance, recipe, stream) -> dict:
+    """The preflight's rates in tokens/s, capture (all producers together) and training, each with
+    where it came from: the config's when given; else measured by this instance: this recipe's last
+    ``drafter_checkpoint`` (a streamed run's capture rate per producer; its training rate with the
+    trainer's waits taken out, as any run's ``tokens_per_s`` otherwise), else for capture the recipe's
+    datasets' last ``hidden_states`` extraction (one process each, so per producer)."""
+    last = _latest_metadata(instance, "drafter_checkpoint", recipe.name)
+    capture, capture_from = stream.capture_tokens_per_s or None, "config"
+    if capture is None and last.get("stream_capture_tokens_per_s"):
+        capture, capture_from = last["stream_capture_tokens_per_s"] * stream.producers, "last streamed run"
+    if capture is None:
+        extracted = [m["tokens_per_s"] for d in recipe.datasets
+                     if (m := _latest_metadata(instance, "hidden_states", d)).get("tokens_per_s")]
+        if extracted:
+            capture, capture_from = sum(extracted) / len(extracted) * stream.producers, "hidden_states runs"
+    train, train_from = stream.train_tokens_per_s or None, "config"
+    if train is None and last.get("tokens_per_s"):
+        busy = 1.0 - float(last.get("stream_trainer_wait_share") or 0.0)
+        train, train_from = last["tokens_per_s"] / max(busy, 1e-3), "last training run"
+    return {"capture_tokens_per_s": capture, "train_tokens_per_s": train,
+            "rates_from": f"capture: {capture_from if capture else 'unknown'}; training: {train_from if train else 'unknown'}"}
 
 
 def longest_corpus(corpora) -> str:
@@ -101,6 +139,7 @@ class StreamRun:
         self.restarts, self.check_s, self.progress_s, self.relaunched = restarts, check_s, stream.progress_every_s, 0
         self.peak = 0
         self._planned: tuple[int, int] | None = None  # the plan's units and steps, once the trainer wrote it
+        self.preflight: dict | None = None  # the trainer's preflight figures, once written
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._closing = False
@@ -115,6 +154,9 @@ class StreamRun:
             if self.spool.exists():
                 held = tree_bytes(self.spool)
                 self.peak = max(self.peak, held)
+            if self.preflight is None and (preflight := _read_json(self.spool / PREFLIGHT)):
+                self.preflight = preflight
+                self.context.log.info(f"streaming: {preflight_line(self.preflight).removeprefix('eagle3: ')}")
             if time.monotonic() >= next_progress:
                 next_progress = time.monotonic() + self.progress_s
                 self.context.log.info(f"streaming: {self.progress(held)}")
@@ -223,5 +265,10 @@ class StreamRun:
             "stream_producer_wait_share": round(sum(s["wait_s"] for s in stats) / max(1e-9, sum(s["seconds"] for s in stats)), 3)
             if stats else None,
             "stream_producer_capture_s": round(sum(s["capture_s"] for s in stats), 3),
+            # one producer's capture rate while capturing: the next run's preflight reads it
+            "stream_capture_tokens_per_s": round(sum(s["tokens"] for s in stats) / sum(s["capture_s"] for s in stats), 1)
+            if stats and sum(s["capture_s"] for s in stats) > 0 else None,
+            **{f"stream_preflight_{k}": v for k, v in (self.preflight or {}).items()
+               if k in ("offline_bytes", "min_cap_bytes", "trainer_idle_share")},
             "stream_producer_restarts": self.relaunched,
         }

@@ -190,7 +190,8 @@ class StreamBatches:
 
 def open_stream(settings, training, *, rank: int, world: int, target_config: dict):
     """The dataset, the plan (rank 0 writes it, or finds the same one there) and this rank's batches."""
-    from eagle3_assets.hidden_states.spool.preflight import check_cap, preflight_line, stream_preflight
+    from eagle3_assets.hidden_states.spool.preflight import PREFLIGHT, check_cap, preflight_line, stream_preflight
+    from eagle3_assets.hidden_states.spool.store import write_json_atomic
     from eagle3_assets.target.config import text_config
 
     text = text_config(target_config)  # a multimodal wrapper's (kimi-mini, Kimi-K2.5) language model settings
@@ -208,6 +209,7 @@ def open_stream(settings, training, *, rank: int, world: int, target_config: dic
         figures = stream_preflight(plan, spool_dir=spool_dir, capture_tokens_per_s=settings.capture_tokens_per_s,
                                    train_tokens_per_s=settings.train_tokens_per_s)
         print(preflight_line(figures), file=sys.stderr, flush=True)
+        write_json_atomic(spool_dir / PREFLIGHT, figures)  # before the check: a refused cap is shown too
         check_cap(figures)
     barrier()
     if rank != 0:

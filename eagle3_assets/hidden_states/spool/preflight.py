@@ -15,6 +15,8 @@ from pathlib import Path
 from eagle3_assets.hidden_states.sizing import estimate_bytes
 from eagle3_assets.hidden_states.spool.plan import PLAN
 
+PREFLIGHT = "preflight.json"  # the figures below, written by the trainer beside the plan for the step to show
+
 
 class CapTooSmall(ValueError):
     """The stream's byte cap cannot hold one optimizer step's units and one unit in capture."""

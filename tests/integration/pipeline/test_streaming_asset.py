@@ -40,3 +40,9 @@ def test_demo_recipe_streams_from_one_materialization(layout):
     progress = [m for m in logged if m.startswith("streaming: capture ")]
     assert progress and all(f"bytes of {cap:,}" not in m and f"of {cap:,} bytes" in m for m in progress), progress
     assert f"of {len(plan['units'])} units; training step" in progress[-1]
+    # the trainer's preflight, shown in the step's log and metadata: the offline bytes and the least workable cap
+    preflight = json.loads((spool / "preflight.json").read_text())
+    assert any(m.startswith(f"streaming: stream preflight: offline would store {preflight['offline_bytes']:,} bytes")
+               for m in logged)
+    assert meta["stream_preflight_min_cap_bytes"] == preflight["min_cap_bytes"] < cap
+    assert meta["stream_capture_tokens_per_s"] > 0  # the next run's preflight rate

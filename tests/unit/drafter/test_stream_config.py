@@ -62,3 +62,37 @@ def test_a_launch_runs_with_the_interpreter_it_names():
     other = Launch("p", "eagle3_assets.hidden_states.spool", ["--config", "p.json"], python="/envs/sglang/bin/python")
     assert local_command(other) == ["/envs/sglang/bin/python", "-m", "eagle3_assets.hidden_states.spool", "--config", "p.json"]
     assert entry_command(other, "/nodes/python")[0] == "/envs/sglang/bin/python"
+
+
+def test_the_preflight_rates_come_from_the_config_or_from_earlier_materializations():
+    """Rates read back from a real Dagster instance's materializations: none recorded -> unknown; the
+    datasets' extraction -> capture per producer; a streamed run of the recipe -> its capture rate per
+    producer and its training rate with the trainer's waits taken out; the config's override both."""
+    import dagster as dg
+
+    from eagle3_assets.drafter.stream_run import measured_rates
+
+    recipe = SimpleNamespace(name="r", datasets={"a": 1.0, "b": 1.0})
+    stream = StreamingConfig(producers=2)
+    with dg.instance_for_test() as instance:
+        assert measured_rates(instance, recipe, stream) == {
+            "capture_tokens_per_s": None, "train_tokens_per_s": None, "rates_from": "capture: unknown; training: unknown"}
+
+        for dataset, rate in (("a", 100.0), ("b", 300.0)):
+            instance.report_runless_asset_event(dg.AssetMaterialization("hidden_states", partition=dataset,
+                                                                        metadata={"tokens_per_s": rate}))
+        rates = measured_rates(instance, recipe, stream)
+        assert (rates["capture_tokens_per_s"], rates["train_tokens_per_s"]) == (400.0, None)  # 200 a producer, 2 of them
+        assert rates["rates_from"] == "capture: hidden_states runs; training: unknown"
+
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            "drafter_checkpoint", partition="r",
+            metadata={"tokens_per_s": 150.0, "stream_trainer_wait_share": 0.25, "stream_capture_tokens_per_s": 90.0}))
+        instance.report_runless_asset_event(dg.AssetMaterialization(  # another recipe's run is not this one's
+            "drafter_checkpoint", partition="other", metadata={"tokens_per_s": 1.0, "stream_capture_tokens_per_s": 1.0}))
+        rates = measured_rates(instance, recipe, stream)
+        assert (rates["capture_tokens_per_s"], rates["train_tokens_per_s"]) == (180.0, 200.0)
+        assert rates["rates_from"] == "capture: last streamed run; training: last training run"
+
+        given = measured_rates(instance, recipe, StreamingConfig(capture_tokens_per_s=5.0, train_tokens_per_s=7.0))
+        assert (given["capture_tokens_per_s"], given["train_tokens_per_s"]) == (5.0, 7.0)
