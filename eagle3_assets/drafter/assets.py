@@ -140,7 +140,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
         context.log.warning(f"recipe {recipe.name}: {note}")
     stream = None
     if config.stream.cap_bytes > 0:
-        from eagle3_assets.drafter.stream_run import corpus_train_sizes, measured_rates, stream_settings_for
+        from eagle3_assets.drafter.stream_jobs import corpus_train_sizes, measured_rates, stream_settings_for
 
         rates = measured_rates(context.instance, recipe, config.stream)
         context.log.info(f"streaming: preflight rates {rates}")

@@ -1,10 +1,11 @@
 """The streaming mode of ``drafter_checkpoint``: the recipe's producers and trainer from one step.
 
-``StreamRun`` writes the spool's settings for the training job and one ``ProducerJob`` per
-producer, starts each producer (``python -m eagle3_assets.hidden_states.spool``) as a ``Launch``
+``StreamRun`` writes one ``ProducerJob`` per producer (its engine's settings from
+``stream_jobs``), starts each producer (``python -m eagle3_assets.hidden_states.spool``) as a ``Launch``
 through the step's launcher's ``start`` (a process of this machine, or a SLURM job of its own on
 another node), beside the trainer the step then launches with ``run``; it samples the spool's
-bytes from the filesystem while it trains, and afterwards reports what each side did: units and
+bytes from the filesystem while it trains, logs the trainer's preflight and both sides' progress,
+and afterwards reports what each side did: units and
 tokens captured, the spool's peak bytes against its cap, the trainer's and the producers' waiting
 time. The producers end when the trainer marks the run done; a failed training stops them.
 """
@@ -17,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from eagle3_assets.engines import engine_role
+from eagle3_assets.drafter.stream_jobs import producer_settings
 from eagle3_assets.hidden_states.spool.plan import PLAN
 from eagle3_assets.hidden_states.spool.preflight import PREFLIGHT, preflight_line
 from eagle3_assets.hidden_states.spool.produce import CAPTURES, ProducerJob
@@ -26,86 +27,6 @@ from eagle3_assets.hidden_states.spool.store import CURSOR, DONE, tree_bytes
 from eagle3_assets.launchers import Launch, forwarded_env, wait_all
 from eagle3_assets.paths import REPO_ROOT
 from eagle3_assets.target.ref import TargetRef
-
-
-def stream_settings_for(layout, recipe, stream, rates: dict | None = None) -> StreamSettings:
-    """The training job's spool settings from the step's ``StreamingConfig``; ``rates``: the
-    preflight's tokens/s (``measured_rates``)."""
-    rates = rates or {}
-    return StreamSettings(spool_dir=str(layout.root / "spool" / recipe.name),
-                          corpora={str(layout.corpus(d)): float(w) for d, w in recipe.datasets.items()},
-                          cap_bytes=stream.cap_bytes, unit_bytes=stream.unit_bytes,
-                          epochs=stream.epochs, layer_ids=recipe.shape.aux_layer_ids,
-                          capture_tokens_per_s=rates.get("capture_tokens_per_s"),
-                          train_tokens_per_s=rates.get("train_tokens_per_s"))
-
-
-def _latest_metadata(instance, key: str, partition: str) -> dict:
-    import dagster as dg
-
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(key), asset_partitions=[partition]), limit=1).records
-    if not records or records[0].asset_materialization is None:
-        return {}
-    return {k: getattr(v, "value", v) for k, v in records[0].asset_materialization.metadata.items()}
-
-
-def measured_rates(instance, recipe, stream) -> dict:
-    """The preflight's rates in tokens/s, capture (all producers together) and training, each with
-    where it came from: the config's when given; else measured by this instance: this recipe's last
-    ``drafter_checkpoint`` (a streamed run's capture rate per producer; its training rate with the
-    trainer's waits taken out, as any run's ``tokens_per_s`` otherwise), else for capture the recipe's
-    datasets' last ``hidden_states`` extraction (one process each, so per producer)."""
-    last = _latest_metadata(instance, "drafter_checkpoint", recipe.name)
-    capture, capture_from = stream.capture_tokens_per_s or None, "config"
-    if capture is None and last.get("stream_capture_tokens_per_s"):
-        capture, capture_from = last["stream_capture_tokens_per_s"] * stream.producers, "last streamed run"
-    if capture is None:
-        extracted = [m["tokens_per_s"] for d in recipe.datasets
-                     if (m := _latest_metadata(instance, "hidden_states", d)).get("tokens_per_s")]
-        if extracted:
-            capture, capture_from = sum(extracted) / len(extracted) * stream.producers, "hidden_states runs"
-    train, train_from = stream.train_tokens_per_s or None, "config"
-    if train is None and last.get("tokens_per_s"):
-        busy = 1.0 - float(last.get("stream_trainer_wait_share") or 0.0)
-        train, train_from = last["tokens_per_s"] / max(busy, 1e-3), "last training run"
-    return {"capture_tokens_per_s": capture, "train_tokens_per_s": train,
-            "rates_from": f"capture: {capture_from if capture else 'unknown'}; training: {train_from if train else 'unknown'}"}
-
-
-def longest_corpus(corpora) -> str:
-    """The corpus holding the longest row: an engine sizes its server or KV pool by it."""
-    import polars as pl
-
-    def longest(path):
-        return pl.scan_parquet(path).select(pl.col("input_ids").list.len().max()).collect().item() or 0
-
-    return max(corpora, key=longest)
-
-
-def producer_settings(stream, target, resources, corpora, spec) -> dict:
-    """The ``ProducerJob`` fields of the configured capture engine, through its extract role: a
-    ``tensor_parallel`` engine's capture runs as one rank in each producer (``tp_size`` 1) with the
-    further ``sglang_server_args``; the others' job settings are their extraction job's, sized for
-    the recipe's longest row (vLLM's: the server each producer starts)."""
-    from types import SimpleNamespace
-
-    role = engine_role("extract", stream.backend)
-    if role.tensor_parallel:
-        if stream.tp_size != 1:
-            raise ValueError(f"stream.tp_size {stream.tp_size} for backend {stream.backend!r}: each producer "
-                             "captures as one rank (tp_size: 1); for more capture, raise stream.producers")
-        return {"server_args": dict(stream.sglang_server_args), "tp_size": 1}
-    shape = SimpleNamespace(tp_size=stream.tp_size, vllm_server_args=list(stream.vllm_server_args))
-    return role.job_settings(shape, target, resources, longest_corpus(corpora), spec)
-
-
-def corpus_train_sizes(layout, datasets) -> dict[str, int]:
-    """Training samples per dataset from the corpus (streaming needs no hidden states beforehand)."""
-    import polars as pl
-
-    return {d: pl.scan_parquet(layout.corpus(d)).filter(pl.col("split") == "train").select(pl.len()).collect().item()
-            for d in datasets}
 
 
 def _read_json(path: Path) -> dict | None:
@@ -140,6 +61,7 @@ class StreamRun:
         self.peak = 0
         self._planned: tuple[int, int] | None = None  # the plan's units and steps, once the trainer wrote it
         self.preflight: dict | None = None  # the trainer's preflight figures, once written
+        self._journal = (0, 0)  # the captures journal: bytes read, lines counted
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._closing = False
@@ -174,12 +96,23 @@ class StreamRun:
             self._planned = (len(plan["units"]), plan["total_steps"])
         units, steps = self._planned or ("?", "?")
         cursor = _read_json(self.spool / CURSOR) or {}
-        captures = self.spool / CAPTURES
-        published = sum(1 for line in captures.read_text().splitlines() if line.strip()) if captures.exists() else 0
+        published = self._count_captures()
         alive = sum(s.poll() is None for s in self.started)
         return (f"capture {published} of {units} units; training step {cursor.get('step') or 0} "
                 f"of {steps}; spool {held:,} of {self.settings.cap_bytes:,} bytes "
                 f"(peak {self.peak:,}); {alive} of {self.n} producer(s) running")
+
+    def _count_captures(self) -> int:
+        """Units published so far: the captures journal's lines, read on from where the last count
+        stopped (at K2.5's scale the journal grows to tens of MB over a run)."""
+        path = self.spool / CAPTURES
+        if path.exists():
+            with open(path, "rb") as fh:
+                fh.seek(self._journal[0])
+                chunk = fh.read()
+            whole = chunk[: chunk.rfind(b"\n") + 1]  # a line being appended is counted next time
+            self._journal = (self._journal[0] + len(whole), self._journal[1] + whole.count(b"\n"))
+        return self._journal[1]
 
     def _relaunch_failed(self) -> None:
         with self._lock:

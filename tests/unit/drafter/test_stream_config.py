@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from eagle3_assets.drafter.assets import StreamingConfig
-from eagle3_assets.drafter.stream_run import longest_corpus, producer_settings
+from eagle3_assets.drafter.stream_jobs import longest_corpus, producer_settings
 from eagle3_assets.launchers import Launch, local_command
 from eagle3_assets.resources import SlurmResource, TargetResource, VLLMResource
 from eagle3_assets.slurm.script import entry_command
@@ -70,7 +70,7 @@ def test_the_preflight_rates_come_from_the_config_or_from_earlier_materializatio
     producer and its training rate with the trainer's waits taken out; the config's override both."""
     import dagster as dg
 
-    from eagle3_assets.drafter.stream_run import measured_rates
+    from eagle3_assets.drafter.stream_jobs import measured_rates
 
     recipe = SimpleNamespace(name="r", datasets={"a": 1.0, "b": 1.0})
     stream = StreamingConfig(producers=2)
