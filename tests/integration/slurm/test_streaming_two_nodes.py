@@ -278,7 +278,7 @@ def test_two_producers_on_two_nodes_and_a_lost_producers_lease_taken_over_by_the
         watcher.start()
         t0 = time.monotonic()
         result = _materialize(instance, "drafter_checkpoint", RECIPE, config)
-        ended_wall, total_s = time.time(), time.monotonic() - t0
+        total_s = time.monotonic() - t0
         peak = sampler.stop()
         watcher.join(30)
         assert "error" not in seen and "replacement" in seen, (json.dumps(seen, default=str), _failures(result))
@@ -306,7 +306,12 @@ def test_two_producers_on_two_nodes_and_a_lost_producers_lease_taken_over_by_the
             assert not replacement_log.exists()
         else:  # it found room once the other producer had ended, started and saw the run done
             assert replacement_end == "COMPLETED" and "producer done: " in replacement_log.read_text(), replacement_end
-        exit_after_done_s = ended_wall - (spool / "done.json").stat().st_mtime
+        # once the run was done, every producer job ended within seconds (the scheduler's end times,
+        # 1 s grain, against done.json's mtime): none waited on a queued job or loaded a model for nothing
+        done_at = (spool / "done.json").stat().st_mtime
+        ends = [scheduler.timestamp(scheduler.scontrol_job(j)["EndTime"]).timestamp()
+                for j in (_first_job(out, survivor), seen["replacement"])]
+        producers_end_after_done_s = max(ends) - done_at
         assert ran_on(open(meta["slurm_log"]).read()) == nodes[TRAINER]
         for i in range(2):  # where each producer ran, from its first job's log
             first_log = out / "stream" / f"producer-{i}" / f"slurm-{seen['job'] if i == victim else _first_job(out, i)}.out"
@@ -321,12 +326,12 @@ def test_two_producers_on_two_nodes_and_a_lost_producers_lease_taken_over_by_the
                    "heartbeat_age_at_reclaim_s": seen["heartbeat_age_at_reclaim_s"],
                    "published_after_kill_s": seen["published_after_s"], "captures_by_producer": dict(by_producer),
                    "replaced_after_kill_s": seen["replaced_after_s"], "replacement_at_submission": seen["replacement_state"],
-                   "replacement_end": replacement_end, "step_exit_after_done_s": round(exit_after_done_s, 1),
+                   "replacement_end": replacement_end, "producers_end_after_done_s": round(producers_end_after_done_s, 1),
                    **count(layout, spool, out, None), "peak": peak, "cap": CAP, "sampled": sampler.samples,
                    "trainer_wait_s": meta["stream_trainer_wait_s"], "total_s": round(total_s, 1)}
         print(json.dumps(figures))
         assert 0 < peak <= CAP and meta["stream_peak_spool_bytes"] <= CAP, figures
-        assert exit_after_done_s < 60, figures  # no wait on a producer job still queued
+        assert producers_end_after_done_s < 30, figures  # no wait on a producer job still queued (up to 120 s before)
 
 
 def _first_job(out, i: int) -> str:
