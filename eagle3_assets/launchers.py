@@ -85,6 +85,9 @@ class Started(Protocol):
     def poll(self) -> int | None:
         """None while it runs (or is queued); its exit code once it ended (non-zero: it failed)."""
 
+    def queued(self) -> bool:
+        """Whether it still waits to start (SLURM: pending in the queue); a process of this machine never does."""
+
     def stop(self, grace_s: float = 10.0) -> None:
         """End it: SIGTERM (SLURM: scancel), SIGKILL after ``grace_s``; returns once it ended."""
 
@@ -156,6 +159,9 @@ class LocalStarted:
 
     def poll(self) -> int | None:
         return self.proc.poll()
+
+    def queued(self) -> bool:
+        return False
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self.proc.poll() is None:

@@ -157,6 +157,12 @@ class StreamRun:
         return self
 
     def _stop_all(self, wait_s: float) -> None:
+        """Producers still queued stop at once (one would only start to find the run over); the
+        others get ``wait_s`` to end by themselves, then are stopped."""
+        for s in self.started:
+            if s.queued():
+                self.context.log.info(f"streaming: a producer still queued at the end, stopped ({s.log.name} never written)")
+                s.stop()
         if not wait_all(self.started, wait_s):
             self.context.log.warning(f"streaming: stopping {sum(s.poll() is None for s in self.started)} producer(s)")
         for s in self.started:

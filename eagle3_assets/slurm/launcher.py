@@ -74,6 +74,11 @@ class SlurmStarted:
         code = record.exit_code.split(":")[0]
         return int(code) if code.isdigit() and int(code) else 1
 
+    def queued(self) -> bool:
+        """Pending (or requeued and pending again): no node is running it yet."""
+        entry = scheduler.squeue_job(self.job_id)
+        return entry is not None and entry.state in scheduler.WAITING_STATES
+
     def stop(self, grace_s: float = 10.0) -> None:
         """``scancel`` (SIGTERM to its steps, SIGKILL after the cluster's KillWait), then until it left the queue."""
         scheduler.scancel(self.job_id)

@@ -18,6 +18,8 @@ from pathlib import Path
 # States of a job that is still the scheduler's (it may start, run, be requeued, or end).
 LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
                "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
+# Live states in which no node runs the job yet (it waits in the queue).
+WAITING_STATES = {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD"}
 SUCCESS = "COMPLETED"
 # What each way of ending means for the user (every state not live and not COMPLETED fails the step).
 ENDINGS = {

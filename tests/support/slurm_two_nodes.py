@@ -93,9 +93,23 @@ class TwoNodeSlurm:
             return None
 
     def kill_node(self, i: int) -> None:
-        """Node ``i`` dies: its slurmd and every process in its namespace are killed at once."""
-        out = subprocess.run(["ip", "netns", "pids", self.namespace(i)], capture_output=True, text=True).stdout
-        for pid in {int(p) for p in out.split()} | ({self.slurmd_pid(i)} - {None}):
+        """Node ``i`` dies: its slurmd and every process in its namespace are killed at once.
+
+        All are stopped (SIGSTOP) before any is killed, as a machine that loses power stops them all
+        at the same instant: otherwise a process killed first could be seen dying by one not yet
+        killed (a batch step's slurmstepd would report its job FAILED to the controller, where a lost
+        node's jobs end NODE_FAIL). Listed again until no new process appears (one forked meanwhile)."""
+        stopped: set[int] = set()
+        while True:
+            out = subprocess.run(["ip", "netns", "pids", self.namespace(i)], capture_output=True, text=True).stdout
+            pids = ({int(p) for p in out.split()} | ({self.slurmd_pid(i)} - {None})) - stopped
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            stopped |= pids
+        for pid in stopped:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 

@@ -247,11 +247,14 @@ def run_producer(job: ProducerJob, stop_when_idle: bool = False) -> dict:
 
         torch.set_num_threads(job.threads)
     plan = wait_for_plan(Path(job.spool_dir), job.plan_timeout_s)
-    with ExitStack() as stack:
-        extractor = build_producer_extractor(job, plan, stack)
-        if int(extractor.hidden_size) != plan.data["hidden_size"]:
-            raise ValueError(f"{job.target.model_dir}: hidden size {extractor.hidden_size}, "
-                             f"the plan's is {plan.data['hidden_size']}")
-        stats = Producer(job, extractor, plan).run(stop_when_idle=stop_when_idle)
+    if Spool(job.spool_dir, stale_s=job.stale_s).done() is not None:  # started after the run ended (a late
+        stats = Producer(job, None, plan).run()  # replacement): nothing to capture, no engine to load
+    else:
+        with ExitStack() as stack:
+            extractor = build_producer_extractor(job, plan, stack)
+            if int(extractor.hidden_size) != plan.data["hidden_size"]:
+                raise ValueError(f"{job.target.model_dir}: hidden size {extractor.hidden_size}, "
+                                 f"the plan's is {plan.data['hidden_size']}")
+            stats = Producer(job, extractor, plan).run(stop_when_idle=stop_when_idle)
     print(f"eagle3: producer done: {json.dumps(stats)}", file=sys.stderr, flush=True)
     return stats

@@ -127,6 +127,23 @@ def test_a_tensor_parallel_producer_with_several_ranks_is_refused_naming_the_set
         build_producer_extractor(job, plan, stack)  # refused before SGLang is imported (not installed here)
 
 
+def test_a_producer_started_after_the_run_ended_loads_no_engine_and_ends(tmp_path):
+    """A replacement that only starts once the run is done (``done.json``) ends at once with empty
+    stats: the same job, before the run is done, goes on to load its target (here: no such model)."""
+    from eagle3_assets.hidden_states.spool.produce import run_producer
+
+    corpus = make_corpus(tmp_path / "c.parquet", n=6)
+    settings = stream_settings(tmp_path / "spool", corpus)
+    write_plan(tmp_path / "spool", build_plan(settings, seed=0, batch_size=3, world=1, total_steps=2, hidden_size=H,
+                                              max_length=64))
+    job = producer_job(tmp_path / "spool", tmp_path / "no-such-model")
+    with pytest.raises(Exception, match="no-such-model"):
+        run_producer(job)
+    Spool(tmp_path / "spool").mark_done({"steps": 2})
+    stats = run_producer(job)
+    assert (stats["units"], stats["capture_s"]) == (0, 0.0) and not any((tmp_path / "spool" / "leases").iterdir())
+
+
 def test_a_dead_producers_lease_goes_back_to_the_pool_with_its_folder(tmp_path):
     spool = Spool(tmp_path / "spool")
     victim = subprocess.Popen([sys.executable, "-c",
