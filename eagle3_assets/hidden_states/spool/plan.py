@@ -15,12 +15,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from eagle3_assets.hidden_states.sizing import bytes_per_token
+from eagle3_assets.hidden_states.spool.store import DONE
 
 PLAN = "plan.json"
 PLAN_FORMAT = "eagle3-spool-plan-v1"
@@ -225,17 +227,23 @@ def build_plan(settings, *, seed: int, batch_size: int, world: int, total_steps:
 
 
 def write_plan(spool_dir: Path, plan: dict) -> Plan:
-    """Write the plan unless the spool holds it already; a spool holding another plan is refused."""
+    """Write the plan unless the spool holds it already. A spool holding another plan is emptied
+    when that run finished (``done.json``: nothing in it is still owed to a trainer; a recipe run
+    again with other settings), and refused while it is unfinished (its units and cursor belong to
+    that run's resume)."""
     spool_dir = Path(spool_dir)
     spool_dir.mkdir(parents=True, exist_ok=True)
     path = spool_dir / PLAN
     if path.exists():
         old = json.loads(path.read_text())
-        if old != json.loads(json.dumps(plan)):
+        if old == json.loads(json.dumps(plan)):
+            return Plan(old)
+        if not (spool_dir / DONE).exists():
             diff = sorted(k for k in set(old) | set(plan) if old.get(k) != json.loads(json.dumps(plan.get(k))))
-            raise ValueError(f"{path}: the spool holds another run's plan (differs in {', '.join(diff)}); "
-                             "empty the spool or choose another stream.spool_dir")
-        return Plan(old)
+            raise ValueError(f"{path}: the spool holds an unfinished run's plan (differs in {', '.join(diff)}); "
+                             f"finish that run with its own settings, or delete {spool_dir} to give it up")
+        for entry in spool_dir.iterdir():  # the finished run's leftovers: cursor, journal, marker, empty folders
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     tmp = path.with_name(f".{PLAN}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(plan))
     os.replace(tmp, path)

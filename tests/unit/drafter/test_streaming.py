@@ -108,9 +108,15 @@ def test_preflight_refuses_a_cap_below_one_step_naming_the_setting(tmp_path):
     assert kf["min_cap_bytes"] < kf["keep_bytes"]
     with pytest.raises(CapTooSmall, match=r"stream\.epochs = 'keep'"):  # enough for a step, not for the corpus
         check_cap({**kf, "cap_bytes": kf["min_cap_bytes"]})
-    with pytest.raises(ValueError, match="another run's plan"):  # a relaunch with other settings
-        write_plan(tmp_path / "spool", build_plan(settings, seed=1, batch_size=3, world=1, total_steps=4, hidden_size=H,
-                                                  max_length=64))
+    other = build_plan(settings, seed=1, batch_size=3, world=1, total_steps=4, hidden_size=H, max_length=64)
+    with pytest.raises(ValueError, match="an unfinished run's plan"):  # a relaunch with other settings
+        write_plan(tmp_path / "spool", other)
+    # once that run is done, a run with other settings (the recipe materialized again) starts on a clean spool
+    Spool(tmp_path / "spool").mark_done({"steps": 4})
+    (tmp_path / "spool" / "cursor.json").write_text('{"position": 12, "step": 4}')
+    write_plan(tmp_path / "spool", other)
+    assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == ["plan.json"]
+    assert json.loads((tmp_path / "spool" / "plan.json").read_text()) == json.loads(json.dumps(other))
 
 
 def test_a_tensor_parallel_producer_with_several_ranks_is_refused_naming_the_setting(tmp_path, model_dir):
