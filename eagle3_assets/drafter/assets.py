@@ -195,6 +195,14 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     t, u = evaluation["trained"], evaluation["untrained"]
     context.log.info(f"acceptance length {t['acceptance_length']:.3f} (untrained {u['acceptance_length']:.3f}) "
                      f"on {len(prompts)} prompts")
+    estimates = [{"step": e["step"], "EAL": round(e["eal"], 4),
+                  "conditional acceptance per position": " / ".join(f"{a:.3f}" for a in e["acceptance_rate"]),
+                  "exported": "yes" if e["step"] == result.get("exported_step") else ""}
+                 for e in result.get("acceptance_estimates") or []]
+    if estimates:
+        context.log.info(f"exported step {result['exported_step']} of {result['steps']}; acceptance estimate at k="
+                         f"{result['eal_k']}: best EAL {result['eal_best']:.3f} at step {result['eal_best_step']}, "
+                         f"last {result['eal_last']:.3f}")
     curve = out / "training_curve.png"
     positions = [{"position": i + 1, "trained": a, "untrained": b}
                  for i, (a, b) in enumerate(zip(t["per_position_rate"], u["per_position_rate"]))]
@@ -207,6 +215,8 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
             "acceptance_margin": recipe.evaluation.acceptance_margin,
             "matches_greedy": t["matches_greedy"],
             "acceptance_per_position": md_table(positions),
+            # each checkpoint's expected accepted length on the held-out shards, and which one was exported
+            "acceptance_estimate": md_table(estimates),
             "eval_prompts": len(prompts),
             "train_samples_per_epoch": samples,
             "steps": result["total_steps"],

@@ -134,3 +134,15 @@ class PackedBatch:
             rows = torch.nonzero(ok).flatten()
             self.logit_rows.append(rows.to(self.sample.device, non_blocking=True) if host else rows)
         return self.logit_rows
+
+    def count_chains(self) -> list[torch.Tensor]:
+        """Set ``logit_rows`` for scoring draft chains: per TTT step s, the rows r whose drafts
+        r + 2 .. r + 2 + s all lie on supervised tokens of r's sample (nested: each step's rows are
+        among the step before's). Unlike ``count``, a target token outside the draft vocabulary
+        keeps its row: there it is a draft the target rejects, as in serving."""
+        ok = torch.ones(self.n, dtype=torch.bool)
+        self.logit_rows = []
+        for s in range(self.ttt_steps):
+            ok &= self._same_sample(s + 2, self.sample_host) & self._ahead(self.supervised_host, s + 2)
+            self.logit_rows.append(torch.nonzero(ok).flatten().to(self.sample.device, non_blocking=True))
+        return self.logit_rows

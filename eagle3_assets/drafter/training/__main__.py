@@ -2,7 +2,9 @@
 
 Single process, or under ``torchrun --nproc-per-node N`` for data-parallel training (gloo on
 CPU, nccl on GPU). Launched by Dagster Pipes (``DAGSTER_PIPES_CONTEXT`` set), rank 0 streams
-progress to the run's logs and reports the materialization with the training figures.
+progress and each checkpoint's acceptance estimate to the run's logs and reports the
+materialization with the training figures (the estimate's among them: ``eal_best``,
+``eal_best_step``, ``eal_last``, ``exported_step``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import os
 import sys
 
+from eagle3_assets.drafter.training.acceptance import estimate_line
 from eagle3_assets.drafter.training.config import TrainJob
 from eagle3_assets.drafter.training.distributed import close_distributed
 from eagle3_assets.drafter.training.job import MemoryPlanError, run_job
@@ -26,6 +29,8 @@ def _run(job: TrainJob, args, pipes) -> int:
     def report(m: dict) -> None:
         if m["step"] % every == 0:
             pipes.log.info(json.dumps({k: m[k] for k in ("step", "loss", "acc_per_step", "lr")}))
+        if "acceptance_estimate" in m:
+            pipes.log.info(estimate_line(m["acceptance_estimate"]))
 
     summary = run_job(job, on_metrics=report)
     meta = {k: v for k, v in summary.items() if isinstance(v, (int, float, str)) and v is not None}

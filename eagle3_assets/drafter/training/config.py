@@ -69,7 +69,12 @@ class TrainSettings(_Section):
     max_length: int = Field(2048, ge=8)  # tokens per sequence; longer samples are truncated
     seed: int = Field(0, ge=0)
     checkpoint_every: int = Field(500, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)  # the newest ones, and the best one by the acceptance estimate
+    # the acceptance estimate (drafter/training/acceptance.py): at each checkpoint, the expected accepted
+    # length on this many held-out samples of the shards (0: none); the export is the best checkpoint's
+    # by it unless export_best is false (then the last step's)
+    eal_samples: int = Field(256, ge=0)
+    export_best: bool = True
 
     @field_validator("betas", mode="before")
     @classmethod

@@ -15,6 +15,7 @@ which is how resume skips what was trained without reading it.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,6 +112,16 @@ class ShardDataset(Dataset):
                     raise ValueError(f"{self.names[d]}/{shard}: token id outside 0..{vocab_size - 1}")
                 counts.index_add_(0, ids, weight)
         return counts
+
+
+def eval_split(directories, *, max_length: int, samples: int) -> ShardDataset | None:
+    """At most ``samples`` held-out samples of the shard directories, taken from each in turn and
+    each once, whatever its mixing weight (what the acceptance estimate scores); None when there
+    are none."""
+    data = ShardDataset({d: 1.0 for d in directories}, max_length=max_length, split="eval")
+    per_dir = [[e for e in data.entries if e[0] == i] for i in range(len(data.names))]
+    data.entries = [e for turn in itertools.zip_longest(*per_dir) for e in turn if e is not None][:samples]
+    return data if data.entries else None
 
 
 def collate(samples: list[dict]) -> dict:

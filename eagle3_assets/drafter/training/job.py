@@ -22,8 +22,9 @@ from eagle3_assets.drafter.target_weights import (
     read_target_final_norm,
     read_target_lm_head,
 )
+from eagle3_assets.drafter.training.acceptance import estimate_line, estimate_summary
 from eagle3_assets.drafter.training.config import TrainJob
-from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset
+from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset, eval_split
 from eagle3_assets.drafter.training.distributed import barrier, dist_info, init_distributed
 from eagle3_assets.drafter.training.loop import Trainer
 from eagle3_assets.drafter.training.memory_plan import GiB, MemoryEstimate, plan_for_run, refusal
@@ -137,6 +138,10 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
     workers = job.runtime.loader_workers if job.runtime.loader_workers >= 0 else (2 if device.type == "cuda" else 0)
     data = stream or ShardBatches(dataset, s.batch_size, seed=s.seed, rank=rank, world_size=world, workers=workers,
                                   pin_memory=device.type == "cuda")
+    eval_data = None  # the acceptance estimate's held-out samples: a streamed run's spool holds no eval split
+    held_out = eval_split(job.datasets, max_length=s.max_length, samples=s.eal_samples) if s.eal_samples else None
+    if stream is None and held_out is not None:
+        eval_data = ShardBatches(held_out, s.batch_size, seed=s.seed, rank=rank, world_size=world, shuffle=False)
     dtype = compute_dtype(job, device)
     plan = memory_plan(job, dcfg, device, world, dtype)
     if rank == 0:
@@ -150,11 +155,19 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
     teacher = Teacher(lm_head, vmap, device=device, dtype=dtype)
     del lm_head
     trainer = Trainer(s, model, data, teacher, out_dir, compute_dtype=dtype, vocab_hash=vmap.source_hash,
-                      progress=job.runtime.progress, packed=job.runtime.packed, memory=plan.memory)
+                      progress=job.runtime.progress, packed=job.runtime.packed, memory=plan.memory,
+                      eval_data=eval_data, eal_k=job.export.speculative_k if job.export else None)
     setup_s = time.perf_counter() - t_start
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    result = trainer.run(resume=job.runtime.resume, stop_after=job.runtime.stop_after, on_metrics=on_metrics)
+
+    def announce(m: dict) -> None:  # each checkpoint's acceptance estimate in the log
+        if "acceptance_estimate" in m:
+            print(f"eagle3: {estimate_line(m['acceptance_estimate'])}", file=sys.stderr, flush=True)
+        if on_metrics is not None:
+            on_metrics(m)
+
+    result = trainer.run(resume=job.runtime.resume, stop_after=job.runtime.stop_after, on_metrics=announce)
 
     summary = {**result.summary, "world_size": world, "vocab_map": vmap.summary(), "total_steps": trainer.total_steps,
                "train_samples_per_epoch": len(dataset), "batches_per_epoch": len(data), "compute_dtype": str(dtype),
@@ -162,7 +175,8 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
                "metrics_path": str(result.metrics_path) if result.metrics_path else None,
                "curve_path": str(result.curve_path) if result.curve_path else None,
                "stopped_early": result.stopped_early, "setup_s": setup_s,
-               "memory_layout": plan.memory.to_dict(), "memory_estimated_gib": plan.peak / GiB}
+               "memory_layout": plan.memory.to_dict(), "memory_estimated_gib": plan.peak / GiB,
+               **estimate_summary(result.metrics, trainer.eal_k)}
     if stream is not None:
         from eagle3_assets.drafter.training.stream import finish_stream
 
@@ -174,6 +188,12 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
         from eagle3_assets.drafter.export import export_sglang, export_vllm
 
         e = job.export
+        best = trainer.use_best() if s.export_best else None  # the export is the best checkpoint's weights
+        summary["exported_step"] = best["step"] if best else result.steps
+        if best and best["step"] != result.steps:
+            print(f"eagle3: exporting step {best['step']}, the best by the acceptance estimate "
+                  f"(EAL {summary['eal_best']:.3f} against {summary['eal_last']:.3f} at step {result.steps})",
+                  file=sys.stderr, flush=True)
         if e.sglang and "sglang" in job.shape.engines:
             summary["sglang_dir"] = str(export_sglang(model, out_dir / "sglang", dtype=e.dtype))
         if e.vllm and "vllm" in job.shape.engines:

@@ -33,7 +33,8 @@ import torch
 
 from eagle3_assets.drafter.model import Eagle3Drafter
 from eagle3_assets.drafter.packing import PackedBatch
-from eagle3_assets.drafter.training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from eagle3_assets.drafter.training.acceptance import best_estimate, estimate_acceptance, estimates_in
+from eagle3_assets.drafter.training.checkpoints import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
 from eagle3_assets.drafter.training.config import TrainSettings
 from eagle3_assets.drafter.training.distributed import all_reduce_sum, barrier, dist_info, rng_state, set_rng_state
 from eagle3_assets.drafter.training.loss import chunked_step_terms
@@ -44,16 +45,18 @@ from eagle3_assets.drafter.training.teacher import TERMS, TargetIdCache, Teacher
 from eagle3_assets.files import write_text_atomic
 
 # Settings a resumed run may change: they decide when to stop and what to keep, not the weights so far.
-RESUMABLE_CHANGES = {"max_steps", "epochs", "checkpoint_every", "keep_checkpoints"}
+RESUMABLE_CHANGES = {"max_steps", "epochs", "checkpoint_every", "keep_checkpoints", "export_best"}
 
 
 class Trainer:
-    """Trains ``model`` in place on ``data`` (``len()`` batches per epoch, ``epoch(e, start)``)."""
+    """Trains ``model`` in place on ``data`` (``len()`` batches per epoch, ``epoch(e, start)``); at each
+    checkpoint scores the acceptance estimate at chain length ``eal_k`` on ``eval_data`` (same interface,
+    one epoch) when given (``drafter/training/acceptance.py``)."""
 
     def __init__(self, settings: TrainSettings, model: Eagle3Drafter, data, teacher: Teacher, out_dir: Path, *,
                  total_steps: int | None = None, compute_dtype: torch.dtype = torch.float32,
                  vocab_hash: str | None = None, progress: bool = True, packed: bool = True,
-                 memory: StepMemory | None = None):
+                 memory: StepMemory | None = None, eval_data=None, eal_k: int | None = None):
         self.settings, self.model, self.data, self.teacher = settings, model, data, teacher
         self.memory = memory or StepMemory()
         if not packed and (self.memory.micro_batch_tokens or self.memory.checkpoint or self.memory.loss_chunk_rows):
@@ -70,6 +73,8 @@ class Trainer:
         self.segments: list[dict] = []  # the figures of each earlier run of this training, from the checkpoint
         self.segment: dict | None = None  # this run's, so far
         self.net = model
+        self.eval_data = eval_data
+        self.eal_k = min(eal_k or settings.ttt_steps, settings.ttt_steps)  # the chain never runs past what was trained
         self._noise: torch.Generator | None = None  # this step's feature-noise stream (``noisy``)
 
     # -- state ----------------------------------------------------------------------------
@@ -112,7 +117,7 @@ class Trainer:
         if self.world > 1:
             rngs = [None] * self.world
             dist.all_gather_object(rngs, rng_state())
-        path = None
+        path, best = None, self.best()
         if self.rank == 0:
             optimizer, scheduler = self.optimizer.state_dict()
             path = save_checkpoint(self.out_dir, {
@@ -122,7 +127,7 @@ class Trainer:
                 "training": self.settings.model_dump(mode="json"), "drafter_config": self.model.config.to_dict(),
                 "vocab_source_hash": self.vocab_hash, "metrics": self.metrics,
                 "segments": self.segments + ([dict(self.segment)] if self.segment else []),
-            }, self.settings.keep_checkpoints)
+            }, self.settings.keep_checkpoints, best_step=best["step"] if best else None)
             write_text_atomic(self.out_dir / "metrics.json", json.dumps(self.metrics))
         barrier()
         return path
@@ -295,6 +300,27 @@ class Trainer:
         tv = sum(torch.stack([t["tv"] for t in self._sums(p, st)]) for p, st in zip(parts, staged))
         return (1.0 - all_reduce_sum(tv.reshape(-1)) / n).double()
 
+    # -- the acceptance estimate ------------------------------------------------------------
+
+    def estimate_acceptance(self) -> dict:
+        """The expected accepted length of the weights now, from their drafts on ``eval_data``."""
+        self.model.eval()
+        figures = estimate_acceptance(self.model, self.eval_data.epoch(0), self.prepare, self.target_ids,
+                                      steps=self.settings.ttt_steps, k=self.eal_k, autocast=self._autocast)
+        self.net.train()
+        return {"step": self.step, **figures}
+
+    def best(self) -> dict | None:
+        return best_estimate(estimates_in(self.metrics), self.eal_k)
+
+    def use_best(self) -> dict | None:
+        """Load the weights of the checkpoint with the best estimate (kept on disk by the rotation)
+        into the model, unless they are the last step's; returns that estimate."""
+        best = self.best()
+        if best is not None and best["step"] != self.step:
+            self.model.load_state_dict(load_checkpoint(checkpoint_path(self.out_dir, best["step"]))["model"], strict=False)
+        return best
+
     # -- the run --------------------------------------------------------------------------
 
     def run(self, *, resume: bool = True, stop_after: int | None = None,
@@ -334,6 +360,9 @@ class Trainer:
             self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1
             t2 = time.perf_counter()
             m.update(step_time=t2 - t0, data_time=t1 - t0)
+            checkpointing = self.step % self.settings.checkpoint_every == 0 or self.step == self.total_steps
+            if checkpointing and self.eval_data is not None:
+                m["acceptance_estimate"] = self.estimate_acceptance()
             if record is not None:
                 m["consumed"] = record  # in the metrics, so in the checkpoint: durable and atomic with the weights
             self.metrics.append(m)
@@ -344,7 +373,7 @@ class Trainer:
             bar.set_postfix(loss=f"{m['loss']:.3f}", acc0=f"{m['acc_per_step'][0]:.2f}")
             if on_metrics is not None and main:
                 on_metrics(m)
-            if self.step % self.settings.checkpoint_every == 0 or self.step == self.total_steps:
+            if checkpointing:
                 last_ckpt = self.checkpoint()
         bar.close()
         self.segments.append(seg)

@@ -365,14 +365,18 @@ def _pipes_env(tmp_path: Path) -> tuple[dict, Path]:
     return env, messages
 
 
-def test_torchrun_two_processes_match_one_and_report_through_pipes(model_dir, shard_dir, tmp_path):
+def test_torchrun_two_processes_match_one_and_report_through_pipes(model_dir, shard_dir, features, tmp_path):
     from eagle3_assets.drafter.training.config import DraftShape, ExportSettings, RuntimeSettings, TrainJob
     from eagle3_assets.target.ref import TargetRef
 
+    held_out = tmp_path / "held_out"  # a dataset of held-out samples only: the acceptance estimate's
+    write_samples(held_out, features[:8], layer_ids=LAYER_IDS, num_layers=30, target={"name": "smollm2", "id": "t"},
+                  split="eval")
     jobs = {}
     for name in ("single", "ddp"):
         jobs[name] = TrainJob(
-            target=TargetRef(model_dir=str(model_dir)), datasets={str(shard_dir): 1.0}, out_dir=str(tmp_path / name),
+            target=TargetRef(model_dir=str(model_dir)), datasets={str(shard_dir): 1.0, str(held_out): 1.0},
+            out_dir=str(tmp_path / name),
             training=small_cfg(max_steps=3, warmup_steps=1), shape=DraftShape(draft_vocab_size=DRAFT_VOCAB,
                                                                                 intermediate_size=256),
             runtime=RuntimeSettings(threads=1, progress=False),
@@ -405,6 +409,10 @@ def test_torchrun_two_processes_match_one_and_report_through_pipes(model_dir, sh
         assert ma["tokens"] == mb["tokens"] and ma["positions"] == mb["positions"]
         assert ma["loss"] == pytest.approx(mb["loss"], rel=1e-4)
     assert (Path(single["sglang_dir"]) / "model.safetensors").exists()
+    # the estimate at the one checkpoint, the two ranks' counts summed: the same held-out chains
+    [ea], [eb] = single["acceptance_estimates"], ddp["acceptance_estimates"]
+    assert (ea["step"], ea["samples"]) == (eb["step"], eb["samples"]) == (3, 8) and ea["chain_starts"] == eb["chain_starts"] > 0
+    assert ea["eal"] == pytest.approx(eb["eal"], abs=0.02) and (single["eal_best_step"], single["exported_step"]) == (3, 3)
 
     sent = [json.loads(line) for line in messages.read_text().splitlines()]
     methods = [m["method"] for m in sent]
@@ -412,6 +420,8 @@ def test_torchrun_two_processes_match_one_and_report_through_pipes(model_dir, sh
     [mat] = [m for m in sent if m["method"] == "report_asset_materialization"]
     meta = mat["params"]["metadata"]
     assert meta["steps"]["raw_value"] == 3 and meta["world_size"]["raw_value"] == 1
+    assert meta["eal_best"]["raw_value"] == single["eal_best"] and meta["exported_step"]["raw_value"] == 3
+    assert any("acceptance estimate EAL" in m["params"]["message"] for m in sent if m["method"] == "log")
 
 
 # ----------------------------------------------------------------------------- exports
@@ -555,3 +565,42 @@ def test_replay_acceptance_equals_chain_decoding(trained, embedded):
     assert {r.finish_reason for r in (fast, real)} <= {"stop", "length"}
     assert rep.acceptance_length > replay_acceptance(untrained_baseline(model, seed=0), items, k=3, max_new_tokens=n,
                                                      stop_ids=stops).acceptance_length
+
+
+def test_acceptance_estimate_counts_the_chains_the_replay_evaluator_finds(trained, features, teacher, tmp_path):
+    """The trainer's estimate (packed batches, the teacher's argmax on the stored final states) against
+    an independent record: the replay evaluator's accepted length at every position of each sample (its
+    padded TTT forward, the sample's own next tokens as the truth), tallied here by a bare loop."""
+    from eagle3_assets.drafter.replay_acceptance import ReplayInput, accepted_lengths
+    from eagle3_assets.drafter.training.data import eval_split
+    from eagle3_assets.drafter.training.loop import Trainer
+
+    model, _ = trained
+    k, held = 3, tmp_path / "held_out"
+    write_samples(held, features, layer_ids=LAYER_IDS, num_layers=30, target={"name": "smollm2", "id": "t"}, split="eval")
+    samples = eval_split({held: 1.0}, max_length=64, samples=8)
+    batches = ShardBatches(samples, 4, shuffle=False)
+    trainer = Trainer(small_cfg(ttt_steps=k), model, batches, teacher, tmp_path, progress=False, eval_data=batches, eal_k=k)
+    est = trainer.estimate_acceptance()
+
+    starts, chains, accepted = [0] * k, [0] * k, [0] * k
+    for i in range(len(samples)):
+        x = samples[i]
+        ids, mask, n = x["input_ids"], x["loss_mask"].tolist(), len(x["input_ids"])
+        # the replies are the target's greedy ones: its argmax on the stored states is the next token
+        argmax = teacher.target_ids(x["last_hidden"].float())
+        assert all(argmax[t] == ids[t + 1] for t in range(n - 1) if mask[t + 1])
+        a = accepted_lengths(model, ReplayInput(0, 0, ids, x["aux_hidden"].float(), 0), k)
+        for r in range(n):
+            for s in range(k):
+                if r + 2 + s < n and all(mask[r + 2: r + 3 + s]):  # s + 1 drafts, all on reply tokens
+                    starts[s] += 1
+                    chains[s] += a[r] >= s
+                    accepted[s] += a[r] >= s + 1
+    rates = [x / c for x, c in zip(accepted, chains)]
+    assert rates[-1] > 0  # chains of every length were accepted somewhere: the test reaches the last position
+    assert (est["samples"], est["chain_starts"], est["k"]) == (8, starts[0], k)
+    assert est["acceptance_rate"] == rates
+    assert est["eal"] == pytest.approx(1 + rates[0] + rates[0] * rates[1] + rates[0] * rates[1] * rates[2])
+    assert est["accuracy"][0] == est["acceptance_rate"][0]  # the first draft has no draft before it
+
