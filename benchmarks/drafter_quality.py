@@ -12,8 +12,10 @@ materialized as ``drafter_checkpoint[<row>]`` (trainer through Dagster Pipes, ex
 project's evaluator on every held-out prompt), in a fresh process so its peak RSS is its own; then,
 when ``.venv-vllm`` exists, a real vLLM server serves the row's vLLM export next to the target and
 its own counters give the second acceptance length on the same prompts. Printed per row: AL by the
-project's evaluator and by vLLM (k=3 chain, greedy), per-position acceptance, training tokens/s,
-training and row wall time, peak RSS.
+project's evaluator and by vLLM (k=3 chain, greedy), the trainer's acceptance estimate (EAL) of the
+checkpoint it exported (the best by it) and of every scored checkpoint, per-position acceptance,
+training tokens/s, training and row wall time, peak RSS; ``table`` adds the estimate's rank
+correlation with each evaluator's AL, across rows and across each row's checkpoints.
 
 ``--reference`` (or the ``reference`` command) also trains vLLM's ``speculators`` 0.9.0 on the
 same train split in its own environment (``--reference-python``; ``bash
@@ -57,7 +59,7 @@ from quality_recipes import (
     uptime,
     write_recipe,
 )
-from quality_table import plot_curves, result_rows, table, table_figures
+from quality_table import plot_curves, rank_correlations, result_rows, table, table_figures
 from results import record
 
 
@@ -304,7 +306,9 @@ def main(argv=None) -> int:
         run_reference(args)
     elif args.command == "table":
         print(table(args.root, args.names))
-        record("drafter_quality", {r["name"]: table_figures(r) for r in result_rows(args.root, args.names)})
+        rows = result_rows(args.root, args.names)
+        record("drafter_quality", {r["name"]: table_figures(r) for r in rows})
+        record("drafter_quality_eal", rank_correlations(rows))  # the rank correlations the table printed
         png = plot_curves(args.root, args.names, args.root / "results" / "acceptance_over_training.png")
         if png:
             print(f"acceptance over training: {png}")

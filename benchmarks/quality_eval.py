@@ -84,7 +84,8 @@ def replay_row(root: Path, name: str) -> dict:
 
 def checkpoint_curve(root: Path, name: str) -> list[dict]:
     """Acceptance length by the replay evaluator at every kept checkpoint of the row (its fp32
-    weights; the last point is the end of training, which the exported bf16 drafter rounds)."""
+    weights; the last point is the end of training; the export is the point with the best estimate,
+    in bf16), next to the acceptance estimate the trainer logged there (``eal``)."""
     from eagle3_assets.drafter.evaluate import eval_prompts
     from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
     from eagle3_assets.drafter.recipes import load_recipe
@@ -99,7 +100,9 @@ def checkpoint_curve(root: Path, name: str) -> list[dict]:
     recipe = load_recipe(name)
     ev = recipe.evaluation
     out = layout.drafter_dir(name)
-    per_epoch = json.loads((out / "result.json").read_text())["batches_per_epoch"]
+    trained = json.loads((out / "result.json").read_text())
+    per_epoch = trained["batches_per_epoch"]
+    eal = {e["step"]: e["eal"] for e in trained.get("acceptance_estimates") or []}  # the trainer's, per checkpoint
     model_dir = ensure_default_model(layout.models_dir)
     embeddings, stops = read_target_embeddings(model_dir), _stop_ids(model_dir, False)
     prompts = eval_prompts(layout, recipe.datasets, ev.eval_samples)
@@ -112,7 +115,7 @@ def checkpoint_curve(root: Path, name: str) -> list[dict]:
         rep = replay_acceptance(drafter.float().eval(), items, k=ev.speculative_k,
                                 max_new_tokens=ev.eval_max_new_tokens, stop_ids=stops)
         curve.append({"step": state["step"], "epoch": round(state["epoch"] + state["batch_in_epoch"] / per_epoch, 2),
-                      "acceptance_length": round(rep.acceptance_length, 4),
+                      "acceptance_length": round(rep.acceptance_length, 4), "eal": eal.get(state["step"]),
                       "train_loss": round(state["metrics"][-1]["loss"], 4)})
     return curve
 

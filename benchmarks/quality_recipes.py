@@ -165,13 +165,23 @@ def curve_schedule(table: dict) -> dict:
     return {"checkpoint_every": max(1, total // CURVE_POINTS), "keep_checkpoints": CURVE_POINTS + 2}
 
 
+def exported_estimate(trained: dict) -> dict | None:
+    """The trainer's acceptance estimate of the checkpoint it exported (the best by it), from its
+    result.json; None for a row trained before the estimate existed, or by the reference trainer."""
+    return next((e for e in trained.get("acceptance_estimates") or [] if e["step"] == trained.get("exported_step")), None)
+
+
 def line(row: dict) -> str:
     t, v, tr = row["eval"]["trained"], row["vllm"], row["train"]
     vl = f"{v['acceptance_length']:.3f}" if "acceptance_length" in v else "-"
     g = row.get("sglang") or {}
     sl = f"{g['acceptance_length']:.3f}" if "acceptance_length" in g else "-"
-    return (f"AL {t['acceptance_length']:.3f} (vLLM {vl}, SGLang {sl}), per position "
+    e = exported_estimate(tr)
+    el = f"EAL {e['eal']:.3f} at step {e['step']}" if e else "no EAL"
+    return (f"AL {t['acceptance_length']:.3f} (vLLM {vl}, SGLang {sl}; {el}), per position "
             f"{' '.join(f'{x:.2f}' for x in t['per_position_rate'])}, {tr['tokens_per_s']:.0f} tok/s, "
             f"train {tr['wall_s']:.0f}s, row {row['row_wall_s']:.0f}s, trainer peak RSS {row['trainer_peak_rss_mib']:.0f} MiB"
-            + ("; over training (epoch: AL) " + ", ".join(f"{c['epoch']:g}: {c['acceptance_length']:.3f}" for c in row["curve"])
+            + ("; over training (epoch: AL / EAL) " + ", ".join(
+                f"{c['epoch']:g}: {c['acceptance_length']:.3f}" + (f" / {c['eal']:.3f}" if c.get("eal") is not None else "")
+                for c in row["curve"])
                if row.get("curve") else ""))

@@ -1,5 +1,6 @@
 """The drafter-quality benchmark's results read back: each row's result file, the ablation table
-(markdown), the figures ``table`` records for the docs, and the acceptance-over-training plot."""
+(markdown), the figures ``table`` records for the docs, how well the trainer's acceptance estimate
+ranks drafters against the evaluators (Spearman), and the acceptance-over-training plot."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 from pathlib import Path
 
 import reference_row
-from quality_recipes import VARIANTS
+from quality_recipes import VARIANTS, exported_estimate
 
 
 def result_rows(root: Path, names: list[str]) -> list[dict]:
@@ -27,9 +28,9 @@ def result_rows(root: Path, names: list[str]) -> list[dict]:
 
 def table(root: Path, names: list[str]) -> str:
     """The ablation table (markdown) from the rows' result files, in ``VARIANTS`` order."""
-    head = ("| row | what changes | AL project | AL vLLM | AL SGLang | per position (project) | per position (vLLM) | "
-            "per position (SGLang) | untrained AL | train tok/s | train s | row s | trainer peak RSS MiB | "
-            "load (1/5/15 min) |")
+    head = ("| row | what changes | AL project | AL vLLM | AL SGLang | EAL (step) | per position (project) | "
+            "per position (vLLM) | per position (SGLang) | untrained AL | train tok/s | train s | row s | "
+            "trainer peak RSS MiB | load (1/5/15 min) |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in result_rows(root, names):
         t, u, v, tr = r["eval"]["trained"], r["eval"].get("untrained") or {}, r["vllm"], r["train"]
@@ -39,11 +40,46 @@ def table(root: Path, names: list[str]) -> str:
         sl = f"{g['acceptance_length']:.3f}" if "acceptance_length" in g else g.get("skipped", "-")
         sp = " / ".join(f"{x:.2f}" for x in g.get("per_position_rate", [])) or "-"
         ul = f"{u['acceptance_length']:.3f}" if u else "-"
-        out.append(f"| {r['name']} | {r['description']} | {t['acceptance_length']:.3f} | {vl} | {sl} | "
+        e = exported_estimate(tr)
+        el = f"{e['eal']:.3f} ({e['step']})" if e else "-"
+        out.append(f"| {r['name']} | {r['description']} | {t['acceptance_length']:.3f} | {vl} | {sl} | {el} | "
                    f"{' / '.join(f'{x:.2f}' for x in t['per_position_rate'])} | {vp} | {sp} | {ul} | "
                    f"{tr['tokens_per_s']:.0f} | {tr['wall_s']:.0f} | {r['row_wall_s']:.0f} | "
                    f"{r['trainer_peak_rss_mib']:.0f} | {r['load_before']} |")
-    return "\n".join(out)
+    return "\n".join([*out, "", rank_lines(rank_correlations(result_rows(root, names)))])
+
+
+EVALUATORS = {"project": lambda r: r["eval"]["trained"].get("acceptance_length"),
+              "vLLM": lambda r: (r.get("vllm") or {}).get("acceptance_length"),
+              "SGLang": lambda r: (r.get("sglang") or {}).get("acceptance_length")}
+
+
+def rank_correlations(rows: list[dict]) -> dict:
+    """Spearman's rank correlation of the trainer's acceptance estimate with acceptance length: across
+    rows, each row's exported drafter's EAL against each evaluator's AL on it; within each row whose
+    checkpoints were scored, every checkpoint's EAL against the replay evaluator's AL there."""
+    from eagle3_assets.drafter.training.acceptance import spearman
+
+    out = {}
+    for label, al in EVALUATORS.items():
+        pairs = [(e["eal"], al(r)) for r in rows if (e := exported_estimate(r["train"])) and al(r) is not None]
+        out[f"rows: AL {label}"] = {"spearman": spearman(*zip(*pairs)) if pairs else None, "pairs": len(pairs)}
+    for r in rows:
+        points = [(c["eal"], c["acceptance_length"]) for c in r.get("curve") or [] if c.get("eal") is not None]
+        if points:
+            out[f"checkpoints: {r['name']}"] = {"spearman": spearman(*zip(*points)), "pairs": len(points)}
+    return out
+
+
+def rank_lines(corr: dict) -> str:
+    def fig(v):
+        return "-" if v["spearman"] is None else f"{v['spearman']:+.2f}"
+
+    rows = [f"{k.split(': ')[1]} {fig(v)} ({v['pairs']})" for k, v in corr.items() if k.startswith("rows")]
+    within = [f"{k.split(': ')[1]} {fig(v)} ({v['pairs']})" for k, v in corr.items() if k.startswith("checkpoints")]
+    return ("Rank correlation (Spearman, pairs) of the trainer's acceptance estimate (EAL) with acceptance length:\n"
+            f"- across rows, the exported drafters: {', '.join(rows)}\n"
+            f"- across each row's checkpoints, against the replay evaluator: {', '.join(within) or 'no scored checkpoints'}")
 
 
 def table_figures(r: dict) -> dict:
@@ -58,7 +94,9 @@ def table_figures(r: dict) -> dict:
                                  if "accepted_histogram" in t else None),
             "accepted vLLM": v.get("accepted_tokens"), "accepted SGLang": g.get("accepted_tokens"),
             "SGLang s": g.get("seconds"), "vLLM s": v.get("seconds"),  # server start + decoding
-            "untrained AL": u.get("acceptance_length"), "train tok/s": tr["tokens_per_s"], "train s": tr["wall_s"],
+            "untrained AL": u.get("acceptance_length"),
+            "EAL": (exported_estimate(tr) or {}).get("eal"), "EAL step": tr.get("exported_step"),
+            "EAL last": tr.get("eal_last"), "train tok/s": tr["tokens_per_s"], "train s": tr["wall_s"],
             "row s": r["row_wall_s"], "trainer peak RSS MiB": r["trainer_peak_rss_mib"], "load (1/5/15 min)": r["load_before"],
             "finished_at": r.get("finished_at")}
 
