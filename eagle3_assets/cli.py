@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -210,12 +211,15 @@ def cmd_export(args) -> int:
     breaks its serving contract; 2: none yet, or its layers are not training's (both lists printed)."""
     from eagle3_assets.drafter.export_review import review_exports
     from eagle3_assets.drafter.recipes import load_recipe
+    from eagle3_assets.drafter.training.acceptance import exported_line
 
     layout = DataLayout.from_env(args.root)
     out = layout.drafter_dir(args.recipe)
     engines = load_recipe(args.recipe).shape.engines
     print(f"recipe            {args.recipe}\ndrafter dir       {out}\n"
           + "".join(f"{e + ' export':<18}{out / e}\n" for e in engines), end="")
+    if (out / "result.json").exists() and (line := exported_line(json.loads((out / "result.json").read_text()))):
+        print(f"{'trained weights':<18}{line}")
     if not any((out / e).exists() for e in engines):
         print(f"no export yet: materialize drafter_checkpoint[{args.recipe}] first", file=sys.stderr)
         return 2

@@ -131,6 +131,18 @@ def estimate_line(e: dict) -> str:
             f"position {rates}; {e['samples']} held-out samples, {e['chain_starts']} chain starts, {e['seconds']:.1f} s)")
 
 
+def exported_line(result: dict) -> str | None:
+    """Which step a run exported and its estimate, from its ``result.json``; None before either existed."""
+    if "exported_step" not in result:
+        return None
+    e = next((e for e in result.get("acceptance_estimates") or [] if e["step"] == result["exported_step"]), None)
+    line = f"step {result['exported_step']} of {result['steps']}"
+    if e is None:
+        return line + " (the last; no acceptance estimate)"
+    return (line + f", the best by the acceptance estimate: EAL {e['eal']:.3f} at k={e['k']} "
+            f"(the last checkpoint's {result['eal_last']:.3f})")
+
+
 def spearman(xs: list[float], ys: list[float]) -> float | None:
     """Spearman's rank correlation of two lists of figures (ties share their mean rank): how well
     ``xs`` orders the items as ``ys`` does. None below three pairs or when either list is constant."""

@@ -44,6 +44,12 @@ def test_demo_recipe_trains_through_pipes_and_is_measured(layout, model_dir):
         assert checks_by_name(result)["drafter_acceptance"].passed, checks_by_name(result)["drafter_acceptance"].description
         assert meta["acceptance_length"].value == ev["trained"]["acceptance_length"] >= 1.0
         assert meta["untrained_acceptance_length"].value == ev["untrained"]["acceptance_length"]
+        # the trainer's acceptance estimate on the held-out shards; the export is its best checkpoint
+        trained = json.loads((out / "result.json").read_text())
+        assert trained["acceptance_estimates"] and meta["eal_best"].value == trained["eal_best"] > 1.0
+        assert meta["exported_step"].value == trained["exported_step"] == trained["eal_best_step"]
+        assert (out / "checkpoints" / "best").read_text() == f"step-{trained['eal_best_step']:08d}.pt"
+        assert "| yes |" in meta["acceptance_estimate"].value
         outcomes = check_known_drafters(instance, layout, model_dir, recipe)
         assert outcomes == EXPECTED, outcomes
 

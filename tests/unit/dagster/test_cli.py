@@ -51,6 +51,8 @@ def _trained_exports(layout, ids=(1, 14, 26)):
     shards.mkdir(parents=True)
     (shards / "manifest.json").write_text(json.dumps({"layers": convention(list(ids), 30)}))
     (out / "job.json").write_text(json.dumps({"datasets": {str(shards): 1.0}}))
+    (out / "result.json").write_text(json.dumps({"steps": 8, "exported_step": 5, "eal_last": 1.5,
+                                                 "acceptance_estimates": [{"step": 5, "eal": 1.75, "k": 3}]}))
     return out
 
 
@@ -71,7 +73,10 @@ def test_export_compares_both_exports_layers_with_training(layout, capsys, engin
     training's: the command fails with exit 2 and names both lists, in that engine's numbering."""
     out = _trained_exports(layout)
     assert cli.main(["export", "demo"]) == 0
-    assert "name the trained layers" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "name the trained layers" in printed
+    assert "trained weights   step 5 of 8, the best by the acceptance estimate: EAL 1.750 at k=3 (the last " \
+           "checkpoint's 1.500)" in printed
     _set_ids(out / engine, ids, engine == "vllm")
     assert cli.main(["export", "demo"]) == 2
     err = capsys.readouterr().err
