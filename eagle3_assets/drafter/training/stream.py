@@ -117,6 +117,9 @@ class StreamBatches:
             if problem is None:
                 try:
                     r = ShardReader(path)
+                    listed = set(r.index["sample_id"].to_list())
+                    if missing := [s for s in self.plan.by_id[uid].samples if s not in listed]:
+                        problem = f"its index lacks {len(missing)} of its samples, e.g. {missing[0]}"
                 except Exception as exc:  # an index or manifest that does not parse
                     problem = f"it cannot be opened ({exc})"
             self.verify_s += time.perf_counter() - t0

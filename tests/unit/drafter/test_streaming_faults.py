@@ -323,17 +323,22 @@ def test_a_rerun_shows_its_own_preflight_not_the_last_runs(step, tmp_path):
     """The earlier run's preflight.json is not this run's: the trainer writes this run's later."""
     spool = tmp_path / "spool"
     spool.mkdir()
-    (spool / "preflight.json").write_text(json.dumps({"cap_bytes": 1, "offline_bytes": 2, "min_cap_bytes": 3,
-                                                      "trainer_idle_share": None}))
+
+    def figures(cap, idle):
+        return {"offline_bytes": 20, "corpus_samples": 12, "corpus_tokens": 327, "cap_bytes": cap, "min_cap_bytes": 5,
+                "units": 3, "mode": "recapture", "captured_tokens": 327, "trainer_idle_share": idle}
+
+    (spool / "preflight.json").write_text(json.dumps(figures(1, None)))
     run, launcher, log = step(code=None)
     with run:
         time.sleep(0.2)
         assert run.preflight is None  # the old file is gone; this run's trainer has not written its own yet
-        (spool / "preflight.json").write_text(json.dumps({"cap_bytes": 10, "offline_bytes": 20, "min_cap_bytes": 5,
-                                                          "trainer_idle_share": 0.5}))
+        (spool / "preflight.json").write_text(json.dumps(figures(10, 0.5)))
         time.sleep(0.2)
         assert run.preflight["cap_bytes"] == 10
         launcher.finish()
+    shown = [m for _, m in log.lines if "stream preflight" in m]
+    assert len(shown) == 1 and "cap 10 bytes" in shown[0] and "idle share 50%" in shown[0]
 
 
 def test_the_metadata_counts_this_runs_captures_not_the_earlier_runs(step, tmp_path):
