@@ -148,7 +148,9 @@ def one_batching(tmp: Path, model, corpora: dict, batch_tokens: int, settings) -
 
     records = [m["consumed"]["ids"] for m in load_checkpoint(latest_checkpoint(out / "stream"))["metrics"]]
     same = sum(a == b for step_a, step_b in zip(records, keys) for a, b in zip(step_a, step_b))
+    stream_figures = on.get("stream") or {}
     return {"steps": on["steps"], "positions": sum(len(r) for r in records), "positions_same_sample": same,
+            "trainer_read_s": stream_figures.get("read_s"), "trainer_verify_s": stream_figures.get("verify_s"),
             **compare_states(out, model, corpora, shards, batch_tokens), **compare_drafters(out / "offline", out / "stream")}
 
 
