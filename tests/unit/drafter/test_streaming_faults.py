@@ -367,3 +367,17 @@ def test_logging_is_quiet_when_nothing_fails(step):
         launcher.finish()
     assert launcher.starts == 1 and not [m for lvl, m in log.lines if lvl == "error"]
 
+
+
+def test_the_trainer_refuses_a_cap_that_cannot_work_in_one_line_with_exit_2(tmp_path, model_dir, capsys):
+    """As the step launches it (``python -m eagle3_assets.drafter.training --config``): one line naming the
+    setting, status 2, no plan left in the spool."""
+    from eagle3_assets.drafter.training.__main__ import main
+    from tests.support.streaming import train_job
+
+    corpora = make_mixed_corpora(tmp_path / "corpus")
+    job = train_job(model_dir, tmp_path / "drafter", stream=settings_for(tmp_path / "spool", corpora, cap_bytes=1000))
+    assert main(["--config", str(job.write(tmp_path / "job.json"))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "stream.cap_bytes = 1,000 is below" in err[-1]
+    assert "Traceback" not in "\n".join(err) and not (tmp_path / "spool" / "plan.json").exists()
