@@ -3,10 +3,10 @@ a stand-in capture engine.
 
 ``make_corpus`` has strictly decreasing lengths; ``make_mixed_corpora`` two datasets of mixed
 lengths, ties included, in no order of length: the offline loader and the plan must agree on the
-order without the corpus's help. For bits to agree, every forward batch holds one row (the
-tests' ``batch_tokens`` is at most the longest sample), so a sample's states do not depend on
-which samples share its batch; with more rows a batch they agree to bf16 rounding
-(docs/streaming.md).
+order without the corpus's help. For bits to agree, every forward batch holds one row
+(``batch_tokens`` below twice the shortest sample: 48 for ``make_corpus``, 1 for the mixed
+corpora), so a sample's states do not depend on which samples share its batch; with more rows a
+batch they agree to bf16 rounding (docs/streaming.md).
 """
 
 from __future__ import annotations

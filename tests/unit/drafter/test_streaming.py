@@ -23,7 +23,6 @@ from eagle3_assets.hidden_states.spool.preflight import CapTooSmall, check_cap, 
 from eagle3_assets.hidden_states.spool.store import Spool
 from tests.support.streaming import (
     LAYER_IDS,
-    MIXED_LENGTHS,
     Sampler,
     filesystem_bytes,
     make_corpus,
@@ -208,7 +207,7 @@ def offline(model_dir, tmp_path_factory):
     try:
         ex = LocalExtractor(model_dir, layer_ids=LAYER_IDS, device="cpu", dtype="float32")
         for name, corpus in corpora.items():
-            extract_corpus(corpus, shards[name], ex, batch_tokens=max(MIXED_LENGTHS[name]), shard_bytes=1 << 40)
+            extract_corpus(corpus, shards[name], ex, batch_tokens=1, shard_bytes=1 << 40)  # one row a forward
         datasets = {str(d): 1.0 for d in shards.values()}
         summary = run_job(train_job(model_dir, tmp / "train", datasets=datasets))
         loader = ShardBatches(ShardDataset(datasets, max_length=64), 3)
@@ -229,7 +228,8 @@ def test_streaming_trains_the_same_drafter_as_offline_bit_for_bit(offline, model
 
     spool = tmp_path / "spool"
     corpora = offline["corpora"]
-    settings = stream_settings(spool, corpora["a"], corpora={str(p): 1.0 for p in corpora.values()}, cap_bytes=1_900_000)
+    settings = stream_settings(spool, corpora["a"], corpora={str(p): 1.0 for p in corpora.values()}, cap_bytes=1_900_000,
+                               batch_tokens=1)
     procs = []
     for i in range(producers):
         job_path = tmp_path / f"producer-{i}.json"
@@ -264,7 +264,7 @@ def test_streaming_trains_the_same_drafter_as_offline_bit_for_bit(offline, model
     assert sorted(s for c in captured for s in c["samples"]) == sorted(k.split(":")[1] for k in trained)
     assert {c["producer"] for c in captured} == {f"p{i}" for i in range(producers)}  # each captured its share
     assert summary["stream"]["wait_s"] > 0
-    print(f"peak spool bytes {peak:,} of cap {settings.cap_bytes:,}; offline shards {filesystem_bytes(offline['shards']):,}")
+    print(f"peak spool bytes {peak:,} of cap {settings.cap_bytes:,}; offline shards {sum(filesystem_bytes(d) for d in offline['shards'].values()):,}")
 
 
 def within_bf16_rounding(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -377,7 +377,8 @@ def test_two_ranks_stream_the_same_global_batches(offline, model_dir, tmp_path):
 
     spool = tmp_path / "spool"
     corpora = offline["corpora"]
-    settings = stream_settings(spool, corpora["a"], corpora={str(p): 1.0 for p in corpora.values()}, cap_bytes=1_900_000)
+    settings = stream_settings(spool, corpora["a"], corpora={str(p): 1.0 for p in corpora.values()}, cap_bytes=1_900_000,
+                               batch_tokens=1)
     job = train_job(model_dir, tmp_path / "train", stream=settings, settings=training(batch_size=4))
     off_job = train_job(model_dir, tmp_path / "offline", datasets={str(d): 1.0 for d in offline["shards"].values()},
                         settings=training(batch_size=4))
