@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import shutil
 from pathlib import Path
@@ -125,9 +126,12 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def write_parquet_atomic(frame: pl.DataFrame, path: Path) -> int:
-    """Write ``frame`` to ``path`` through a temporary file and a rename; returns bytes. The preflight
-    counts the frame's in-memory size, an upper bound of the compressed file (zstd only shrinks it)."""
+    """Write ``frame`` to ``path`` through a temporary file and a rename; returns bytes. The file is
+    made in memory first (no larger than the frame: zstd), so the preflight checks its exact size."""
     path = Path(path)
-    with atomic_path(path, need=int(frame.estimated_size())) as tmp:
-        frame.write_parquet(tmp, compression="zstd")
+    buf = io.BytesIO()
+    frame.write_parquet(buf, compression="zstd")
+    data = buf.getbuffer()
+    with atomic_path(path, need=len(data)) as tmp, open(tmp, "wb") as fh:
+        fh.write(data)
     return path.stat().st_size

@@ -44,10 +44,10 @@ def test_a_table_too_big_for_the_disk_is_refused_naming_the_folder_and_both_figu
         before = path.read_bytes()
         with pytest.raises(InsufficientDiskSpace) as err:
             if table == "tokens":
-                write_token_table(token_rows(400, 2000), path)  # 3.2 MB of ids in memory
+                write_token_table(token_rows(400, 2000), path)  # 800,000 random ids: about 1.7 MB in the file
             else:
-                write_parquet_atomic(pl.DataFrame({"sample_id": [str(i) for i in range(400)],
-                                                   "input_ids": [list(range(2000))] * 400}), path)
+                write_parquet_atomic(pl.DataFrame([{k: r[k] for k in ("sample_id", "input_ids")}
+                                                   for r in token_rows(400, 2000)]), path)
         message = str(err.value)
         assert f"not enough disk for d.parquet at {path.parent}: need " in message and f"only {free_bytes(fs):,} free" in message
         assert path.read_bytes() == before and not leftovers(fs)
