@@ -60,13 +60,14 @@ DATASETS = ("math", "general")
 
 def corpus(path: Path, name: str, target, tok, stop: list[int], n: int, reply_tokens: int) -> Path:
     """The target's greedy replies to the dataset's first ``n`` prompts (every turn but the reply as prompt)."""
+    from eagle3_assets.prompts.reader import read_prompt_file
+
     rows = []
-    for line in (BUNDLED / "demo_prompts" / f"{name}.jsonl").read_text().splitlines()[:n]:
-        p = json.loads(line)
-        text = tok.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=False)
+    for p in read_prompt_file(BUNDLED / "demo_prompts" / f"{name}.jsonl").prompts[:n]:  # any of its formats
+        text = tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False)
         prompt = list(tok(text, add_special_tokens=False)["input_ids"])
         reply = greedy_generate(target, prompt, max_new_tokens=reply_tokens, stop_ids=stop)
-        rows.append({"sample_id": p["id"], "split": "train", "input_ids": prompt + reply,
+        rows.append({"sample_id": p.prompt_id, "split": "train", "input_ids": prompt + reply,
                      "loss_mask": [0] * len(prompt) + [1] * len(reply)})
     pl.DataFrame(rows, schema_overrides={"input_ids": pl.List(pl.Int32), "loss_mask": pl.List(pl.Int8)}).write_parquet(path)
     return path
@@ -86,7 +87,7 @@ def compare_states(tmp: Path, model, corpora: dict, shards: dict, batch_tokens: 
 
     spool = tmp / f"states-{batch_tokens}"
     settings = stream_settings(spool, corpora[DATASETS[0]], corpora={str(p): 1.0 for p in corpora.values()},
-                               batch_tokens=batch_tokens, cap_bytes=1 << 40)
+                               batch_tokens=batch_tokens, cap_bytes=1 << 30)
     _, plan, data = open_stream(settings, training(), rank=0, world=1,
                                 target_config={"num_hidden_layers": 30, "hidden_size": 576})
     data.close()

@@ -297,7 +297,7 @@ def test_with_several_rows_a_forward_the_captured_states_agree_with_the_shards_t
             extract_corpus(corpus, tmp_path / "hs" / name, ex, batch_tokens=4096, shard_bytes=1 << 40)
             shards.update({(str(corpus), s.sample_id): s for s in ShardReader(tmp_path / "hs" / name).iter_samples()})
         settings = stream_settings(tmp_path / "spool", corpora["a"], corpora={str(p): 1.0 for p in corpora.values()},
-                                   batch_tokens=4096, cap_bytes=1 << 34)
+                                   batch_tokens=4096, cap_bytes=1 << 30)
         _, plan, data = open_stream(settings, training(), rank=0, world=1,
                                     target_config={"num_hidden_layers": 30, "hidden_size": H})
         data.close()
