@@ -1,7 +1,5 @@
 """``drafter_checkpoint`` in streaming mode: one materialization starts the producers and the
-trainer, with no ``hidden_states`` materialized, and reports both sides in its metadata; the
-finished recipe materialized again with another cap shows its own preflight and still passes
-``drafter_acceptance``'s layer check."""
+trainer, with no ``hidden_states`` materialized, and reports both sides in its metadata."""
 
 import json
 
@@ -11,7 +9,7 @@ import pytest
 from eagle3_assets.drafter.recipes import load_recipe
 from eagle3_assets.resources import DatasetSettings
 from tests.conftest import small_prompts, write_jsonl
-from tests.support.dagster_helpers import checks_by_name, run_dataset, run_drafter
+from tests.support.dagster_helpers import run_dataset, run_drafter
 
 pytestmark = pytest.mark.model
 
@@ -27,17 +25,6 @@ def test_demo_recipe_streams_from_one_materialization(layout):
                                                                                 "progress_every_s": 2.0}})
         assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
         logged = [e.user_message for e in instance.all_logs(result.run_id)]
-        # the finished recipe again with another cap: its spool starts clean; before, the layers record went
-        # with it and drafter_acceptance failed, and the log showed the last run's preflight
-        again = run_drafter(instance, "demo", config={"threads": 1, "stream": {"cap_bytes": cap + (1 << 20),
-                                                                               "unit_bytes": 1 << 20}})
-        assert again.success, [e.message for e in again.all_events if e.event_type_value == "STEP_FAILURE"]
-        relogged = [e.user_message for e in instance.all_logs(again.run_id)]
-    check = checks_by_name(again)["drafter_acceptance"]
-    assert check.metadata["trained_aux_layer_ids"].value == "[1, 14, 26]", check.description
-    assert "layers" not in (check.description or "")
-    shown = [m for m in relogged if m.startswith("streaming: stream preflight:")]
-    assert len(shown) == 1 and f"cap {cap + (1 << 20):,} bytes" in shown[0], shown
     meta = {k: v.value for k, v in result.asset_materializations_for_node("drafter_checkpoint")[0].metadata.items()}
     assert not any(layout.hidden_states_dir(d).exists() for d in recipe.datasets)  # nothing stored offline
     spool = layout.root / "spool" / "demo"
