@@ -264,7 +264,8 @@ def test_streaming_trains_the_same_drafter_as_offline_bit_for_bit(offline, model
     assert sorted(s for c in captured for s in c["samples"]) == sorted(k.split(":")[1] for k in trained)
     assert {c["producer"] for c in captured} == {f"p{i}" for i in range(producers)}  # each captured its share
     assert summary["stream"]["wait_s"] > 0
-    print(f"peak spool bytes {peak:,} of cap {settings.cap_bytes:,}; offline shards {sum(filesystem_bytes(d) for d in offline['shards'].values()):,}")
+    stored = sum(filesystem_bytes(d) for d in offline["shards"].values())
+    print(f"peak spool bytes {peak:,} of cap {settings.cap_bytes:,}; offline shards {stored:,}")
 
 
 def within_bf16_rounding(a: torch.Tensor, b: torch.Tensor) -> float:
