@@ -69,6 +69,12 @@ def _slurm_missing() -> str:
     return f"SLURM is not installed ({', '.join(missing_binaries())}): apt-get install slurm-wlm munge"
 
 
+def _mount() -> str | None:
+    from tests.support.small_fs import can_mount
+
+    return can_mount()
+
+
 @dataclass(frozen=True)
 class Need:
     find: Callable[[], str | None]  # where the thing is, or None
@@ -88,6 +94,7 @@ NEEDS = {
     "browser": Need(_browser, _browser_missing),
     "slurm": Need(_slurm, _slurm_missing),
     "gpu": Need(_gpu, "no CUDA GPU visible to torch (CI has none)", ci_has=False),
+    "mount": Need(_mount, "cannot mount a small tmpfs here (a full disk for real needs root or CAP_SYS_ADMIN)"),
 }
 
 

@@ -41,6 +41,10 @@ class StreamingConfig(dg.Config):
     stale_s: float = 60.0  # a producer on another host whose heartbeat is older is dead: its unit goes back
     producer_restarts: int = 3  # producers that fail before the run is done are started again, this often in all
     unit_bytes: int = 256 << 20  # a unit, the grain of capture and deletion, holds at most this
+    high_water: float = 0.9  # of the cap: producers start no unit the trainer is not waiting on above it ...
+    low_water: float = 0.7  # ... until the spool is below this
+    batch_tokens: int = 4096  # the producers' forward batch (padded tokens), as hidden_states' batch_tokens
+    wait_timeout_s: float = 0.0  # the trainer gives up on a unit not published after this long (0: it waits)
     epochs: str = "recapture"  # "recapture" (capture every epoch again) or "keep" (refused unless all fits)
     progress_every_s: float = 30.0  # the step logs both sides' progress and the spool's bytes this often
     # the preflight's trainer idle estimate (tokens/s, all producers / all trainer ranks); 0: as measured by

@@ -14,24 +14,31 @@ from pathlib import Path
 import torch
 
 from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3_assets.files import disk_full_names, require_free
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def write_dir_atomic(out_dir: Path, files: dict[str, object]) -> Path:
     """Write every file into a temporary sibling, then swap it into place, so a reader never
-    sees a half-written export. ``files`` maps names to a JSON-able dict or a tensor dict."""
+    sees a half-written export. ``files`` maps names to a JSON-able dict or a tensor dict. The free
+    space is checked for every tensor first; a disk that fills meanwhile fails naming the file, and
+    the export already there stays as it was."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    need = sum(v.numel() * v.element_size() for payload in files.values() for v in payload.values()
+               if isinstance(v, torch.Tensor))
+    require_free(out_dir.parent, need, f"the export {out_dir.name}")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         for name, payload in files.items():
-            if name.endswith(".json"):
-                (tmp / name).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-            else:
-                save_file({k: v.contiguous() for k, v in payload.items()}, str(tmp / name), metadata={"format": "pt"})
+            with disk_full_names(out_dir / name):
+                if name.endswith(".json"):
+                    (tmp / name).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+                else:
+                    save_file({k: v.contiguous() for k, v in payload.items()}, str(tmp / name), metadata={"format": "pt"})
         old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
         if out_dir.exists():
             os.replace(out_dir, old)

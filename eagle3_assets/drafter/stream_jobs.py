@@ -14,7 +14,9 @@ def stream_settings_for(layout, recipe, stream, rates: dict | None = None) -> St
     rates = rates or {}
     return StreamSettings(spool_dir=str(layout.root / "spool" / recipe.name),
                           corpora={str(layout.corpus(d)): float(w) for d, w in recipe.datasets.items()},
-                          cap_bytes=stream.cap_bytes, unit_bytes=stream.unit_bytes,
+                          cap_bytes=stream.cap_bytes, unit_bytes=stream.unit_bytes, high_water=stream.high_water,
+                          low_water=stream.low_water, batch_tokens=stream.batch_tokens,
+                          wait_timeout_s=stream.wait_timeout_s or None,
                           epochs=stream.epochs, layer_ids=recipe.shape.aux_layer_ids,
                           capture_tokens_per_s=rates.get("capture_tokens_per_s"),
                           train_tokens_per_s=rates.get("train_tokens_per_s"))

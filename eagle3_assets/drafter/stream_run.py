@@ -5,9 +5,13 @@
 through the step's launcher's ``start`` (a process of this machine, or a SLURM job of its own on
 another node), beside the trainer the step then launches with ``run``; it samples the spool's
 bytes from the filesystem while it trains, logs the trainer's preflight and both sides' progress,
-and afterwards reports what each side did: units and
-tokens captured, the spool's peak bytes against its cap, the trainer's and the producers' waiting
-time. The producers end when the trainer marks the run done; a failed training stops them.
+and afterwards reports what each side did in this run (the captures journal's lines carry the
+run's id, so a relaunch after a kill does not add the earlier runs' units to this one's timings):
+units and tokens captured, the spool's peak bytes against its cap, the trainer's and the producers'
+waiting time. The producers end when the trainer marks the run done; a failed training stops them.
+A producer that fails is started again, up to ``producer_restarts`` times in all, unless it recorded
+in the spool that the run cannot go on (a full disk); when none is started again the spool records
+that too, and the trainer stops at once with the reason.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from eagle3_assets.drafter.stream_jobs import producer_settings
@@ -23,7 +28,7 @@ from eagle3_assets.hidden_states.spool.plan import PLAN
 from eagle3_assets.hidden_states.spool.preflight import PREFLIGHT, preflight_line
 from eagle3_assets.hidden_states.spool.produce import CAPTURES, ProducerJob
 from eagle3_assets.hidden_states.spool.settings import StreamSettings
-from eagle3_assets.hidden_states.spool.store import CURSOR, DONE, tree_bytes
+from eagle3_assets.hidden_states.spool.store import CURSOR, DONE, Spool, tree_bytes
 from eagle3_assets.launchers import Launch, forwarded_env, wait_all
 from eagle3_assets.paths import REPO_ROOT
 from eagle3_assets.target.ref import TargetRef
@@ -47,6 +52,8 @@ class StreamRun:
         self.context, self.settings, self.out, self.n = context, settings, Path(out) / "stream", stream.producers
         self.launcher, self.name = launcher, name  # the producers' launcher; their jobs' name prefix
         self.spool = Path(settings.spool_dir)
+        self.run_id = getattr(context, "run_id", None) or uuid.uuid4().hex  # on this run's lines of the captures journal
+        self.gave_up = False  # no producer is started again: the spool says why (failed.json)
         self.python = stream.python
         spec = target.spec()
         self.job = dict(spool_dir=settings.spool_dir, target=TargetRef.of(spec), stale_s=stream.stale_s,
@@ -103,29 +110,39 @@ class StreamRun:
                 f"(peak {self.peak:,}); {alive} of {self.n} producer(s) running")
 
     def _count_captures(self) -> int:
-        """Units published so far: the captures journal's lines, read on from where the last count
-        stopped (at K2.5's scale the journal grows to tens of MB over a run)."""
+        """Units this run published so far: its lines of the captures journal, read on from where the
+        last count stopped (at K2.5's scale the journal grows to tens of MB over a run)."""
         path = self.spool / CAPTURES
         if path.exists():
             with open(path, "rb") as fh:
                 fh.seek(self._journal[0])
                 chunk = fh.read()
             whole = chunk[: chunk.rfind(b"\n") + 1]  # a line being appended is counted next time
-            self._journal = (self._journal[0] + len(whole), self._journal[1] + whole.count(b"\n"))
+            ours = f'"run": {json.dumps(self.run_id)}'.encode()
+            mine = sum(ours in line for line in whole.splitlines())
+            self._journal = (self._journal[0] + len(whole), self._journal[1] + mine)
         return self._journal[1]
 
     def _relaunch_failed(self) -> None:
         with self._lock:
+            if self.gave_up:
+                return
             for i, started in enumerate(self.started):
                 if self._closing or (self.spool / DONE).exists():
                     return
                 code = started.poll()
                 if code in (None, 0):
                     continue
+                failed = Spool(self.spool).failed()
+                if failed is not None:  # a full disk: no restart helps; the trainer stops on this record
+                    self._give_up(f"producer {i} ended with {code}: {failed.get('error')} (output: {started.log})")
+                    return
                 if self.relaunched >= self.restarts:
-                    self.context.log.error(f"streaming: producer {i} ended with {code}; {self.restarts} restart(s) "
-                                           "spent, not starting it again (the trainer waits for its units)")
-                    continue
+                    Spool(self.spool).mark_failed("the streaming step", f"producer {i} ended with {code} and its "
+                                                  f"{self.restarts} restart(s) are spent (output: {started.log})")
+                    self._give_up(f"producer {i} ended with {code}; {self.restarts} restart(s) spent, not starting it "
+                                  f"again (output: {started.log})")
+                    return
                 self.relaunched += 1
                 self.context.log.warning(f"streaming: producer {i} ended with {code} before the run was done "
                                          f"(output: {started.log}); starting it again ({self.relaunched} of at most "
@@ -133,16 +150,24 @@ class StreamRun:
                 self.ended.append(started)
                 self.started[i] = self.launcher.start(self.context, self.launches[i], self.out / f"producer-{i}")
 
+    def _give_up(self, why: str) -> None:
+        """Logged once; the trainer stops at its next wait, reading the spool's failed.json."""
+        self.gave_up = True
+        self.context.log.error(f"streaming: {why}; the trainer stops")
+
     def __enter__(self):
         self.out.mkdir(parents=True, exist_ok=True)
         self.spool.mkdir(parents=True, exist_ok=True)
+        # an earlier run's preflight (the trainer writes this run's) and failure (this run starts afresh)
+        (self.spool / PREFLIGHT).unlink(missing_ok=True)
+        Spool(self.spool).clear_failed()
         exports = {**forwarded_env(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         if self.python:  # another environment's interpreter: the project from this checkout
             exports["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
         try:
             for i in range(self.n):
                 path = self.out / f"producer-{i}.json"
-                path.write_text(ProducerJob(**self.job, name=f"producer-{i}").model_dump_json(indent=2))
+                path.write_text(ProducerJob(**self.job, name=f"producer-{i}", run=self.run_id).model_dump_json(indent=2))
                 launch = Launch(f"{self.name}-{i}", "eagle3_assets.hidden_states.spool", ["--config", str(path)],
                                 exports=exports, python=self.python)
                 self.launches.append(launch)
@@ -180,9 +205,10 @@ class StreamRun:
         return False
 
     def figures(self, result: dict) -> dict:
-        captures = []
+        captures = []  # this run's: the journal holds the earlier runs' of the same plan too
         if (self.spool / CAPTURES).exists():
-            captures = [json.loads(x) for x in (self.spool / CAPTURES).read_text().splitlines() if x.strip()]
+            captures = [c for x in (self.spool / CAPTURES).read_text().splitlines() if x.strip()
+                        if (c := json.loads(x)).get("run") == self.run_id]
         stats = []
         for started in [*self.ended, *self.started]:
             log = started.log.read_text() if started.log.exists() else ""
@@ -210,4 +236,6 @@ class StreamRun:
             **{f"stream_preflight_{k}": v for k, v in (self.preflight or {}).items()
                if k in ("offline_bytes", "min_cap_bytes", "trainer_idle_share")},
             "stream_producer_restarts": self.relaunched,
+            "stream_units_recaptured": stream.get("units_recaptured"),  # failed their read-back: captured again
+            "stream_trainer_verify_s": stream.get("verify_s"),
         }

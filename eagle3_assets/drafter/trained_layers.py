@@ -23,8 +23,13 @@ def trained_layers(drafter_dir: Path) -> dict:
     if not job_path.exists():
         raise FileNotFoundError(f"{job_path} is missing: the layers the drafter was trained on are unknown")
     job = json.loads(job_path.read_text())
-    if job.get("stream"):  # streamed: the layers every unit held, recorded in the spool by the trainer
-        layers = Path(job["stream"]["spool_dir"]) / "layers.json"
+    if job.get("stream"):  # streamed: the layers every unit held, recorded beside the training by the trainer
+        from eagle3_assets.drafter.training.stream import LAYERS
+
+        layers = Path(drafter_dir) / LAYERS
+        if not layers.exists():  # a training streamed before the record moved there kept it in the spool
+            old = Path(job["stream"]["spool_dir"]) / "layers.json"
+            layers = old if old.exists() else layers
         if not layers.exists():
             raise FileNotFoundError(f"{layers} (the streamed training of {job_path}) is missing")
         return json.loads(layers.read_text())

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from eagle3_assets.files import atomic_path
 
 FORMAT_VERSION = 1
 
@@ -80,15 +81,14 @@ class VocabMap:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / self.file_name()
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         meta = {
             "format_version": str(FORMAT_VERSION),
             "source_hash": self.source_hash,
             "draft_vocab_size": str(self.draft_vocab_size),
             "target_vocab_size": str(self.target_vocab_size),
         }
-        save_file({"d2t": self.d2t.contiguous(), "t2d": self.t2d.contiguous()}, str(tmp), metadata=meta)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            save_file({"d2t": self.d2t.contiguous(), "t2d": self.t2d.contiguous()}, str(tmp), metadata=meta)
         return path
 
     def summary(self) -> dict:

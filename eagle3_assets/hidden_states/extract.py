@@ -110,7 +110,7 @@ def extract_corpus(
     shard_bytes: int = 1 << 30,
     batch_tokens: int = 4096,
     progress: Callable[[ExtractionReport], None] | None = None,
-    disk_margin: float = 0.1,
+    disk_margin: float | None = 0.1,
     retry_quarantined: bool = False,
     background_writes: bool = True,
     share: tuple[int, int] | None = None,
@@ -126,6 +126,7 @@ def extract_corpus(
     one waiting for its rows to be queued), whatever the corpus's size.
     ``share`` (rank, world): only this node's share of the corpus (:func:`parts.node_of`);
     ``skip_ids``: samples stored elsewhere already (the main directory of a data-parallel job).
+    ``disk_margin``: the free space must hold the estimate plus this share (None: not checked here).
     """
     check_dtype(dtype)
     out_dir = Path(out_dir)
@@ -164,7 +165,8 @@ def extract_corpus(
     report.tokens_todo = sum(n or 0 for n in lengths)
     report.tokens_total = sum(r["tokens"] for r in writer.shards) + report.tokens_todo
     try:
-        report.preflight = preflight(out_dir, estimate_bytes(report.tokens_todo, hidden, dtype, todo.height), disk_margin)
+        if disk_margin is not None:  # None: the caller checked the disk for what this run writes
+            report.preflight = preflight(out_dir, estimate_bytes(report.tokens_todo, hidden, dtype, todo.height), disk_margin)
     except Exception:
         writer.abort()
         raise

@@ -24,6 +24,14 @@ from eagle3_assets.hidden_states.encoding import dequantize_fp8
 from eagle3_assets.hidden_states.shards import INDEX, MANIFEST
 
 
+def training_order(lengths: dict[str, int]) -> list[str]:
+    """The order training draws its permutation over: longest first, ties by sample id. It is the shard
+    order a one-pass extraction writes, made a function of the samples alone, so that neither how the
+    shards were made (resumed, in parts, retried) nor the corpus's row order changes what is trained,
+    and the streaming plan, which has no shards, computes the same order from the corpus."""
+    return sorted(lengths, key=lambda s: (-lengths[s], s))
+
+
 @dataclass
 class Sample:
     sample_id: str
@@ -73,6 +81,10 @@ class ShardReader:
         if split is None:
             return list(self._order)
         return [s for s in self._order if self._rows[s][3] == split]
+
+    def training_ids(self, split: str | None = None) -> list[str]:
+        """Stored ids (optionally of one split) in :func:`training_order`."""
+        return training_order({s: r[2] for s, r in self._rows.items() if split is None or r[3] == split})
 
     @property
     def quarantined(self) -> pl.DataFrame:

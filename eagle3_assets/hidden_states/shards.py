@@ -30,7 +30,7 @@ from pathlib import Path
 
 import polars as pl
 
-from eagle3_assets.files import fsync_dir, write_parquet_atomic
+from eagle3_assets.files import atomic_path, disk_full_names, fsync_dir, write_parquet_atomic
 from eagle3_assets.hidden_states.encoding import encode_ids, encode_sample, write_safetensors
 from eagle3_assets.hidden_states.journal import now_iso, read_progress
 from eagle3_assets.hidden_states.sizing import check_dtype
@@ -127,9 +127,8 @@ class ShardWriter:
                 )
             return old
         wanted["created_at"] = now_iso()
-        tmp = path.with_name(f".{SETTINGS}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(wanted, indent=2, sort_keys=True))
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(wanted, indent=2, sort_keys=True))
         return wanted
 
     def _load(self) -> None:
@@ -167,13 +166,12 @@ class ShardWriter:
         self._next = max(nums, default=-1) + 1
 
     def _rewrite_progress(self, records: list[dict]) -> None:
-        path = self.dir / PROGRESS
-        tmp = path.with_name(f".{PROGRESS}.tmp-{os.getpid()}")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-        os.replace(tmp, path)
+        with atomic_path(self.dir / PROGRESS) as tmp:
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
 
     def _append_progress(self, record: dict) -> None:
-        with self._lock, open(self.dir / PROGRESS, "a", encoding="utf-8") as fh:
+        # a full disk mid-line tears the last line, which the next reader cuts off: that shard is redone
+        with self._lock, disk_full_names(self.dir / PROGRESS), open(self.dir / PROGRESS, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
@@ -270,10 +268,8 @@ class ShardWriter:
                 tensors[key] = (chunks[0].dtype, shape, chunks)
         meta = {"format": FORMAT, "dtype": self.dtype, "hidden_size": str(h), "n_aux": str(self.n_aux),
                 "sample_ids": json.dumps([s.sample_id for s in batch])}
-        final = self.dir / name
-        tmp = self.dir / f".{name}.tmp-{os.getpid()}"
-        size, digest, payload = write_safetensors(tmp, tensors, meta)
-        os.replace(tmp, final)
+        with atomic_path(self.dir / name) as tmp:  # a full disk: the shard's temporary file goes, the error names it
+            size, digest, payload = write_safetensors(tmp, tensors, meta)
         fsync_dir(self.dir)
         rec = {"kind": "shard", "file": name, "bytes": size, "payload_bytes": payload, "sha256": digest,
                "tokens": n, "n_samples": len(batch), "at": now_iso(),
@@ -348,9 +344,8 @@ class ShardWriter:
                 self._pool.shutdown(wait=True)
         write_parquet_atomic(self.index_frame(), self.dir / INDEX)
         manifest = self.manifest(extra)
-        tmp = self.dir / f".{MANIFEST}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(manifest, indent=2))
-        os.replace(tmp, self.dir / MANIFEST)
+        with atomic_path(self.dir / MANIFEST) as tmp:
+            tmp.write_text(json.dumps(manifest, indent=2))
         return manifest
 
     def manifest(self, extra: dict | None = None) -> dict:

@@ -3,16 +3,13 @@ start when the filesystem cannot hold it (at Kimi-K2.5's width, 57 KB per token 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
+
+from eagle3_assets.files import InsufficientDiskSpace, require_free
 
 DTYPES = ("bf16", "fp8")
 _PER_SAMPLE_OVERHEAD = 128  # offsets entry, id in the shard header, index row
 _FIXED_OVERHEAD = 1 << 20  # manifest, index footer, progress file, shard headers
-
-
-class InsufficientDiskSpace(OSError):
-    pass
 
 
 def check_dtype(dtype: str) -> str:
@@ -33,21 +30,9 @@ def estimate_bytes(n_tokens: int, hidden: int, dtype: str = "bf16", n_samples: i
     return n_tokens * bytes_per_token(hidden, dtype, n_aux) + n_samples * _PER_SAMPLE_OVERHEAD + _FIXED_OVERHEAD
 
 
-def _existing(path: Path) -> Path:
-    path = Path(path).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
 def preflight(path: Path | str, estimate: int, margin: float = 0.1) -> dict:
     """Refuse to start when the filesystem holding ``path`` lacks ``estimate * (1 + margin)``."""
-    need = int(estimate * (1 + margin))
-    where = _existing(Path(path))
-    free = shutil.disk_usage(where).free
-    if free < need:
-        raise InsufficientDiskSpace(
-            f"not enough disk for hidden states at {path}: need {need:,} bytes "
-            f"({estimate:,} estimated + {margin:.0%} margin), only {free:,} free on {where}"
-        )
-    return {"path": str(path), "need_bytes": need, "free_bytes": free}
+    return require_free(path, estimate, "hidden states", margin=margin)
+
+
+__all__ = ["DTYPES", "InsufficientDiskSpace", "bytes_per_token", "check_dtype", "estimate_bytes", "preflight"]

@@ -1,10 +1,12 @@
-"""What the streaming tests share: a small corpus, job files, real subprocesses, a spool sampler.
+"""What the streaming tests share: small corpora, job files, real subprocesses, a spool sampler,
+a stand-in capture engine.
 
-The corpus has strictly decreasing lengths, so the offline shards (one shard, longest first)
-hold the samples in corpus order, the order the spool's plan starts from: offline and
-streaming then train the same samples in the same order without changing the offline path.
-Every forward batch holds one row (``batch_tokens`` = the longest sample), so a unit's states
-do not depend on which samples share its batches.
+``make_corpus`` has strictly decreasing lengths; ``make_mixed_corpora`` two datasets of mixed
+lengths, ties included, in no order of length: the offline loader and the plan must agree on the
+order without the corpus's help. For bits to agree, every forward batch holds one row
+(``batch_tokens`` below twice the shortest sample: 48 for ``make_corpus``, 1 for the mixed
+corpora), so a sample's states do not depend on which samples share its batch; with more rows a
+batch they agree to bf16 rounding (docs/streaming.md).
 """
 
 from __future__ import annotations
@@ -44,6 +46,49 @@ def make_corpus(path: Path, n: int = 12, longest: int = 48, seed: int = 0) -> Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     pl.DataFrame(rows, schema_overrides={"input_ids": pl.List(pl.Int32), "loss_mask": pl.List(pl.Int8)}).write_parquet(path)
     return path
+
+
+MIXED_LENGTHS = {"a": [31, 12, 48, 31, 7, 40, 19], "b": [25, 44, 25, 9, 36]}
+
+
+def make_mixed_corpora(folder: Path, seed: int = 0, lengths: dict | None = None) -> dict[str, Path]:
+    """Two datasets' corpora (``a``: 7 train samples, ``b``: 5) of mixed lengths with ties, rows in no
+    order of length, sample ids not in row order either: dataset name -> parquet."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, lens in (lengths or MIXED_LENGTHS).items():
+        rows = []
+        for i, t in enumerate(lens):
+            rows.append({"sample_id": f"{name}{(7 * i + 3) % 11:02d}", "split": "train",
+                         "input_ids": torch.randint(3, 49152, (t,), generator=g).tolist(),
+                         "loss_mask": [0] * (t // 3) + [1] * (t - t // 3)})
+        out[name] = folder / f"{name}.parquet"
+        folder.mkdir(parents=True, exist_ok=True)
+        pl.DataFrame(rows, schema_overrides={"input_ids": pl.List(pl.Int32), "loss_mask": pl.List(pl.Int8)}
+                     ).write_parquet(out[name])
+    return out
+
+
+class EchoCapture:
+    """A stand-in capture engine: states a function of the ids (hidden size 8), no model, no forward."""
+
+    hidden_size, vocab_size = 8, 49152
+
+    def describe(self):
+        from eagle3_assets.target import layers as hidden_layers
+
+        return {"target": {"name": "echo", "revision": None, "config_sha256": "0"},
+                "layers": hidden_layers.convention(LAYER_IDS, 30), "backend": "echo"}
+
+    def extract(self, rows):
+        from eagle3_assets.engines.roles import Features
+
+        out = []
+        for r in rows:
+            base = torch.tensor(r, dtype=torch.float32).unsqueeze(1) / 49152
+            out.append(Features(base * torch.linspace(-3, 3, 3 * self.hidden_size),
+                                base * torch.linspace(-1, 1, self.hidden_size)))
+        return out
 
 
 def training(**kw) -> TrainSettings:

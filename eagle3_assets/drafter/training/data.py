@@ -32,7 +32,9 @@ class ShardDataset(Dataset):
     """The weighted mixture of the ``split`` samples of several shard directories.
 
     Weight w keeps floor(w) full copies of a directory's samples plus a seeded random
-    fraction (w mod 1) of them. Samples longer than ``max_length`` are cut to it.
+    fraction (w mod 1) of them. Samples longer than ``max_length`` are cut to it. Each directory's
+    samples are in ``training_order`` (longest first, ties by id): what the permutation draws from
+    depends on the samples alone, not on how their shards were written.
     """
 
     def __init__(self, directories: dict[str, float], *, max_length: int, seed: int = 0, split: str = "train"):
@@ -42,7 +44,7 @@ class ShardDataset(Dataset):
         self.readers = [ShardReader(Path(d)) for d in self.names]
         self.entries: list[tuple[int, str]] = []
         for i, (name, reader) in enumerate(zip(self.names, self.readers)):
-            ids, w = reader.sample_ids(split), weights[name]
+            ids, w = reader.training_ids(split), weights[name]  # the order the streaming plan also takes
             whole, frac = int(w), w - int(w)
             self.entries.extend((i, s) for s in ids * whole)
             if frac > 0 and ids:

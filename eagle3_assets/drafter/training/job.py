@@ -123,7 +123,8 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
     if job.stream is not None:  # the spool, filled by producers while this trains (drafter/training/stream.py)
         from eagle3_assets.drafter.training.stream import open_stream
 
-        dataset, plan, stream = open_stream(job.stream, s, rank=rank, world=world, target_config=target.config)
+        dataset, plan, stream = open_stream(job.stream, s, rank=rank, world=world, target_config=target.config,
+                                            out_dir=out_dir)
     else:
         dataset = ShardDataset(job.datasets, max_length=s.max_length, seed=s.seed)
     dcfg = drafter_config(job, dataset, target)
@@ -152,6 +153,11 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
     lm_head = read_target_lm_head(target.model_dir, target.config)
     if s.init_head_from_target:
         head_from_target(model, lm_head, read_target_final_norm(target.model_dir), freeze=s.freeze_head)
+    if rank == 0:  # a disk too small for the checkpoints is refused now, not at the first checkpoint
+        from eagle3_assets.drafter.training.checkpoints import require_room
+
+        e = job.export
+        require_room(out_dir, model, s.keep_checkpoints, exports=int(bool(e and e.sglang)) + int(bool(e and e.vllm)))
     teacher = Teacher(lm_head, vmap, device=device, dtype=dtype)
     del lm_head
     trainer = Trainer(s, model, data, teacher, out_dir, compute_dtype=dtype, vocab_hash=vmap.source_hash,

@@ -11,6 +11,12 @@ what was trained is durable and atomic with the weights. ``after_step`` (every r
 optimizer step) closes the units the step finished, and rank 0, after a barrier, moves the
 cursor and deletes them; a resumed run first moves the cursor back to its checkpoint, so units
 deleted after it are captured again.
+
+A unit is read back against its manifest (each shard's size and sha256) before any of it is
+trained on; one that fails is removed, so a producer captures it again (a unit rotten on disk
+neither trains NaNs nor fails every rerun the same way). A wait ends at once when the spool
+records that the run cannot go on (``failed.json``: a producer found the disk full, or no
+producer is left), with that message.
 """
 
 from __future__ import annotations
@@ -25,7 +31,14 @@ import torch
 from eagle3_assets.drafter.training.data import collate
 from eagle3_assets.drafter.training.distributed import barrier
 from eagle3_assets.hidden_states.spool.plan import Plan, build_plan, train_entries, write_plan
-from eagle3_assets.hidden_states.spool.store import Spool
+from eagle3_assets.hidden_states.spool.store import Spool, unit_problem, write_json_atomic
+
+LAYERS = "stream_layers.json"  # in the training's folder: the aux layers every unit held (drafter_acceptance reads it)
+MAX_RECAPTURES = 3  # a unit that fails its read-back this often is an error, not bad luck
+
+
+class StreamFailed(RuntimeError):
+    """The spool says the run cannot go on (``failed.json``), or a unit fails its read-back again and again."""
 
 
 class StreamDataset:
@@ -70,15 +83,20 @@ class StreamBatches:
     """This rank's batches of the plan, read from the spool; ``len()`` batches per epoch as offline."""
 
     def __init__(self, plan: Plan, spool: Spool, *, rank: int = 0, world_size: int = 1, max_length: int,
-                 poll_s: float = 0.05, log_every_s: float = 60.0, wait_timeout_s: float | None = None):
+                 poll_s: float = 0.05, log_every_s: float = 60.0, wait_timeout_s: float | None = None,
+                 layers_record: Path | None = None):
         self.plan, self.spool, self.rank, self.world = plan, spool, rank, world_size
         self.max_length, self.poll_s, self.log_every_s = int(max_length), poll_s, log_every_s
         self.wait_timeout_s = wait_timeout_s  # None: wait as long as it takes (producers may be relaunched)
+        self.layers_record = layers_record  # rank 0 writes the units' layers there (None: nowhere)
         self.readers: dict[str, object] = {}
         self.aux_layer_ids: list[int] | None = None  # the drafter's (set by ``open_stream``)
         self.wait_s = 0.0  # time spent waiting for units to be published
         self.read_s = 0.0
+        self.verify_s = 0.0  # reading units back against their digests
+        self.rotten: dict[str, int] = {}  # unit -> times it failed its read-back and was captured again
         self._started = False
+        self._layers_written = False
 
     def __len__(self) -> int:
         return math.ceil(self.plan.epoch_length / self.plan.batch_size)
@@ -92,19 +110,23 @@ class StreamBatches:
         from eagle3_assets.hidden_states.reader import ShardReader
 
         path = self.spool.unit_dir(uid)
-        t0, last_log = time.perf_counter(), time.perf_counter()
-        while not path.is_dir():
-            time.sleep(self.poll_s)
-            if self.wait_timeout_s is not None and time.perf_counter() - t0 > self.wait_timeout_s:
-                raise TimeoutError(f"{path}: unit not published after {self.wait_timeout_s:.0f} s")
-            if time.perf_counter() - last_log > self.log_every_s:
-                last_log = time.perf_counter()
-                leases = self.spool.leases()
-                who = leases[uid].get("producer") if uid in leases else "no producer holds it (are producers running?)"
-                print(f"eagle3: stream: waiting for unit {uid} ({who}), {time.perf_counter() - t0:.0f} s",
-                      file=sys.stderr, flush=True)
-        self.wait_s += time.perf_counter() - t0
-        r = self.readers[uid] = ShardReader(path)
+        while True:
+            self._wait_for(uid, path)
+            t0 = time.perf_counter()
+            problem = unit_problem(path)
+            if problem is None:
+                try:
+                    r = ShardReader(path)
+                    listed = set(r.index["sample_id"].to_list())
+                    if missing := [s for s in self.plan.by_id[uid].samples if s not in listed]:
+                        problem = f"its index lacks {len(missing)} of its samples, e.g. {missing[0]}"
+                except Exception as exc:  # an index or manifest that does not parse
+                    problem = f"it cannot be opened ({exc})"
+            self.verify_s += time.perf_counter() - t0
+            if problem is None:
+                break
+            self._recapture(uid, path, problem)
+        self.readers[uid] = r
         hidden, n_aux = self.plan.data["hidden_size"], self.plan.data["n_aux"]
         if int(r.manifest["hidden_size"]) != hidden or int(r.manifest["n_aux"]) != n_aux:
             raise ValueError(f"{path}: hidden size {r.manifest['hidden_size']} x {r.manifest['n_aux']} aux, the plan's "
@@ -112,17 +134,43 @@ class StreamBatches:
         self._check_layers(path, r.manifest["layers"])
         return r
 
-    def _check_layers(self, path: Path, layers: dict) -> None:
-        """Every unit holds the layers the drafter is built for; rank 0 records them (``layers.json``),
-        where the acceptance check reads what the drafter was trained on."""
-        from eagle3_assets.hidden_states.spool.store import write_json_atomic
+    def _wait_for(self, uid: str, path: Path) -> None:
+        """Until the unit is published; at once :class:`StreamFailed` when the spool records a failure."""
+        t0, last_log = time.perf_counter(), time.perf_counter()
+        while not path.is_dir():
+            if (failed := self.spool.failed()) is not None:
+                raise StreamFailed(f"{self.spool.root}: the stream cannot go on ({failed.get('by')}): {failed.get('error')}")
+            time.sleep(self.poll_s)
+            if self.wait_timeout_s is not None and time.perf_counter() - t0 > self.wait_timeout_s:
+                raise TimeoutError(f"{path}: unit not published after {self.wait_timeout_s:.0f} s (stream.wait_timeout_s)")
+            if time.perf_counter() - last_log > self.log_every_s:
+                last_log = time.perf_counter()
+                leases = self.spool.leases()
+                who = leases[uid].get("producer") if uid in leases else "no producer holds it (are producers running?)"
+                print(f"eagle3: stream: waiting for unit {uid} ({who}), {time.perf_counter() - t0:.0f} s",
+                      file=sys.stderr, flush=True)
+        self.wait_s += time.perf_counter() - t0
 
+    def _recapture(self, uid: str, path: Path, problem: str) -> None:
+        """A unit that fails its read-back goes (out of the namespace, under the lock): a producer captures it again."""
+        self.rotten[uid] = self.rotten.get(uid, 0) + 1
+        if self.rotten[uid] > MAX_RECAPTURES:
+            raise StreamFailed(f"{path}: failed its read-back {self.rotten[uid]} times, the last: {problem}; "
+                               "the spool's disk may be failing")
+        print(f"eagle3: stream: unit {uid} failed its read-back ({problem}); removed, to be captured again",
+              file=sys.stderr, flush=True)
+        with self.spool.lock():
+            self.spool.remove_unit(uid)
+
+    def _check_layers(self, path: Path, layers: dict) -> None:
+        """Every unit holds the layers the drafter is built for; rank 0 records them beside the training
+        (``stream_layers.json``), where the acceptance check reads what the drafter was trained on."""
         if list(layers["aux_layer_ids"]) != list(self.aux_layer_ids or layers["aux_layer_ids"]):
             raise ValueError(f"{path}: aux layers {layers['aux_layer_ids']}, the drafter's are {self.aux_layer_ids}: "
                              "the producer captures other layers")
-        record = self.spool.root / "layers.json"
-        if self.rank == 0 and not record.exists():
-            write_json_atomic(record, layers)
+        if self.rank == 0 and self.layers_record is not None and not self._layers_written:
+            write_json_atomic(self.layers_record, layers)
+            self._layers_written = True
 
     def sample(self, pos: int) -> dict | None:
         """The sample at ``pos``, cut to ``max_length``; None when its unit quarantined it."""
@@ -188,10 +236,16 @@ class StreamBatches:
         self.readers.clear()
 
 
-def open_stream(settings, training, *, rank: int, world: int, target_config: dict):
-    """The dataset, the plan (rank 0 writes it, or finds the same one there) and this rank's batches."""
-    from eagle3_assets.hidden_states.spool.preflight import PREFLIGHT, check_cap, preflight_line, stream_preflight
-    from eagle3_assets.hidden_states.spool.store import write_json_atomic
+def open_stream(settings, training, *, rank: int, world: int, target_config: dict, out_dir: Path | None = None):
+    """The dataset, the plan (rank 0 writes it, or finds the same one there) and this rank's batches.
+
+    Rank 0 checks the plan before writing it: a cap below one step's units, or above what the spool's
+    filesystem can hold, is refused with no plan written, so producers capture nothing for it and a
+    later run with a workable cap is not held up by it. ``out_dir``: the training's folder (where the
+    units' layers are recorded)."""
+    import json
+
+    from eagle3_assets.hidden_states.spool.preflight import PREFLIGHT, check_cap, check_disk, preflight_line, stream_preflight
     from eagle3_assets.target.config import text_config
 
     text = text_config(target_config)  # a multimodal wrapper's (kimi-mini, Kimi-K2.5) language model settings
@@ -202,22 +256,29 @@ def open_stream(settings, training, *, rank: int, world: int, target_config: dic
     total_steps = training.total_steps(per_epoch)
     spool_dir = Path(settings.spool_dir)
     if rank == 0:
+        spool_dir.mkdir(parents=True, exist_ok=True)
+        Spool(spool_dir).clear_failed()  # an earlier attempt's failure; producers only capture once the plan is there
         data = build_plan(settings, seed=training.seed, batch_size=training.batch_size, world=world,
                           total_steps=total_steps, hidden_size=int(text["hidden_size"]),
                           max_length=training.max_length)
-        plan = write_plan(spool_dir, data)
-        figures = stream_preflight(plan, spool_dir=spool_dir, capture_tokens_per_s=settings.capture_tokens_per_s,
+        figures = stream_preflight(Plan(data), spool_dir=spool_dir, plan_bytes=len(json.dumps(data)),
+                                   capture_tokens_per_s=settings.capture_tokens_per_s,
                                    train_tokens_per_s=settings.train_tokens_per_s)
         print(preflight_line(figures), file=sys.stderr, flush=True)
-        write_json_atomic(spool_dir / PREFLIGHT, figures)  # before the check: a refused cap is shown too
-        check_cap(figures)
+        try:
+            check_cap(figures)
+            check_disk(figures, spool_dir)
+            plan = write_plan(spool_dir, data)  # may empty a finished run's spool first
+        finally:
+            write_json_atomic(spool_dir / PREFLIGHT, figures)  # for the step to show, a refused cap too
     barrier()
     if rank != 0:
         from eagle3_assets.hidden_states.spool.plan import load_plan
 
         plan = load_plan(spool_dir)
     data = StreamBatches(plan, Spool(spool_dir), rank=rank, world_size=world, max_length=training.max_length,
-                         poll_s=settings.poll_s)
+                         poll_s=settings.poll_s, wait_timeout_s=settings.wait_timeout_s,
+                         layers_record=Path(out_dir) / LAYERS if out_dir is not None else None)
     data.aux_layer_ids = list(dataset.aux_layer_ids)
     return dataset, plan, data
 
@@ -230,5 +291,6 @@ def finish_stream(data: StreamBatches, result, rank: int) -> dict:
             data.spool.sweep(data.plan)
             data.spool.reclaim()
             data.spool.mark_done({"steps": result.steps, "positions": data.spool.cursor()})
-    return {"wait_s": round(data.wait_s, 3), "read_s": round(data.read_s, 3), "units": len(data.plan.units),
+    return {"wait_s": round(data.wait_s, 3), "read_s": round(data.read_s, 3), "verify_s": round(data.verify_s, 3),
+            "units_recaptured": sum(data.rotten.values()), "units": len(data.plan.units),
             "positions": data.plan.total_positions, "cap_bytes": data.plan.cap_bytes}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 
+from eagle3_assets.files import DiskFull, InsufficientDiskSpace
 from eagle3_assets.hidden_states.spool.produce import ProducerJob, run_producer
 from eagle3_assets.job_file import run_job_main
 
@@ -18,8 +19,9 @@ def _run(job: ProducerJob, args, _pipes) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # producers report through the spool's files and their own logs, never through Pipes
-    return run_job_main(ProducerJob, _run, argv, reports=lambda _job: False,
+    # producers report through the spool's files and their own logs, never through Pipes; a full disk is
+    # one line (recorded in the spool's failed.json for the trainer), not a traceback
+    return run_job_main(ProducerJob, _run, argv, reports=lambda _job: False, refused=(DiskFull, InsufficientDiskSpace),
                         description="Capture hidden states into a training run's spool.",
                         options={"--stop-when-idle": {"action": "store_true",
                                                       "help": "end once every planned position is consumed"}})

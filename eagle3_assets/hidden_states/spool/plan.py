@@ -6,21 +6,23 @@ The order is the offline path's own (``ShardBatches``): each epoch is the permut
 epochs back to back, cut at the run's last optimizer step, so nothing is planned that is never
 trained. A unit is a run of consecutive positions of one dataset (``recapture``) or, with
 ``keep``, distinct samples in the order of their first use; its bytes are an upper bound known
-before capture (tokens x bytes per token plus fixed overheads). Written once, atomically; a
-relaunch with other settings is refused.
+before capture (tokens x bytes per token plus fixed overheads). Written once, atomically, and only
+once the trainer's preflight accepted it; a relaunch with other settings is refused while the run
+is unfinished.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
+from eagle3_assets.files import write_text_atomic
+from eagle3_assets.hidden_states.reader import training_order
 from eagle3_assets.hidden_states.sizing import bytes_per_token
 from eagle3_assets.hidden_states.spool.store import DONE
 
@@ -34,7 +36,8 @@ CORPUS_BYTES_PER_TOKEN = 5  # the unit's own corpus slice (int32 id + int8 mask)
 def train_entries(corpora: dict[str, float], seed: int,
                   split: str = "train") -> tuple[list[str], list[tuple[int, str]], list[dict]]:
     """(corpus names, [(dataset index, sample id)], [{sample id: tokens}] per corpus): the mixture
-    as ``ShardDataset`` weighs it (floor(w) copies plus a seeded fraction), in corpus order."""
+    as ``ShardDataset`` weighs it (floor(w) copies plus a seeded fraction), each corpus's samples in
+    the offline loader's ``training_order`` (longest first, ties by id), not the corpus's row order."""
     import torch
 
     names = sorted(str(c) for c in corpora)
@@ -47,8 +50,8 @@ def train_entries(corpora: dict[str, float], seed: int,
         if dup:
             raise ValueError(f"{name}: {dup} duplicate sample ids; the merged corpus must be unique")
         frame = frame.filter(pl.col("split") == split)
-        ids = frame["sample_id"].to_list()
-        lengths.append(dict(zip(ids, frame["input_ids"].list.len().to_list())))
+        lengths.append(dict(zip(frame["sample_id"].to_list(), frame["input_ids"].list.len().to_list())))
+        ids = training_order(lengths[-1])
         w = weights[name]
         whole, frac = int(w), w - int(w)
         entries.extend((i, s) for s in ids * whole)
@@ -227,26 +230,26 @@ def build_plan(settings, *, seed: int, batch_size: int, world: int, total_steps:
 
 
 def write_plan(spool_dir: Path, plan: dict) -> Plan:
-    """Write the plan unless the spool holds it already. A spool holding another plan is emptied
-    when that run finished (``done.json``: nothing in it is still owed to a trainer; a recipe run
-    again with other settings), and refused while it is unfinished (its units and cursor belong to
-    that run's resume)."""
+    """Write the plan unless the spool holds it already for an unfinished run (which then resumes). A
+    spool whose run finished (``done.json``: nothing in it is still owed to a trainer) is emptied first,
+    whatever its plan: a recipe run again with other settings, or with the same ones from scratch,
+    captures what it trains. A spool holding another unfinished run's plan is refused (its units and
+    cursor belong to that run's resume)."""
     spool_dir = Path(spool_dir)
     spool_dir.mkdir(parents=True, exist_ok=True)
     path = spool_dir / PLAN
     if path.exists():
         old = json.loads(path.read_text())
-        if old == json.loads(json.dumps(plan)):
+        done = (spool_dir / DONE).exists()
+        if not done and old == json.loads(json.dumps(plan)):
             return Plan(old)
-        if not (spool_dir / DONE).exists():
+        if not done:
             diff = sorted(k for k in set(old) | set(plan) if old.get(k) != json.loads(json.dumps(plan.get(k))))
             raise ValueError(f"{path}: the spool holds an unfinished run's plan (differs in {', '.join(diff)}); "
                              f"finish that run with its own settings, or delete {spool_dir} to give it up")
         for entry in spool_dir.iterdir():  # the finished run's leftovers: cursor, journal, marker, empty folders
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    tmp = path.with_name(f".{PLAN}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(plan))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(plan))
     return Plan(plan)
 
 

@@ -3,7 +3,9 @@
 The offline path stores every distinct sample once (``estimate_bytes`` of the corpus's tokens).
 The spool must hold, at the least, every unit one optimizer step reads (they stay until the
 step is taken) plus one unit being captured, plus the plan; a cap below that is refused,
-naming the setting. With ``keep`` the whole corpus must fit. The trainer's idle share in the
+naming the setting. With ``keep`` the whole corpus must fit. The cap must fit the spool's
+filesystem too (its free space, plus what the spool holds already): a cap above it is refused
+naming the folder and both figures, since the spool could never reach it. The trainer's idle share in the
 steady state is ``1 - capture rate / training rate`` when capture is the slower side (and the
 producers' the converse), from rates measured or given.
 """
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from eagle3_assets.files import free_bytes, require_free
 from eagle3_assets.hidden_states.sizing import estimate_bytes
 from eagle3_assets.hidden_states.spool.plan import PLAN
+from eagle3_assets.hidden_states.spool.store import tree_bytes
 
 PREFLIGHT = "preflight.json"  # the figures below, written by the trainer beside the plan for the step to show
 
@@ -22,13 +26,15 @@ class CapTooSmall(ValueError):
     """The stream's byte cap cannot hold one optimizer step's units and one unit in capture."""
 
 
-def stream_preflight(plan, *, spool_dir: Path | None = None, capture_tokens_per_s: float | None = None,
-                     train_tokens_per_s: float | None = None) -> dict:
+def stream_preflight(plan, *, spool_dir: Path | None = None, plan_bytes: int | None = None,
+                     capture_tokens_per_s: float | None = None, train_tokens_per_s: float | None = None) -> dict:
+    """The figures, from the plan before it is written (``plan_bytes``: its JSON's size) or as the spool holds it."""
     d = plan.data
     distinct = {(e[0], e[1]) for e in plan.entries}
     tokens = sum(d["lengths"][ds][sid] for ds, sid in distinct)
     offline = estimate_bytes(tokens, d["hidden_size"], d["dtype"], len(distinct), d["n_aux"])
-    plan_bytes = (Path(spool_dir) / PLAN).stat().st_size if spool_dir and (Path(spool_dir) / PLAN).exists() else 0
+    if plan_bytes is None:
+        plan_bytes = (Path(spool_dir) / PLAN).stat().st_size if spool_dir and (Path(spool_dir) / PLAN).exists() else 0
     step_units = 0
     for lo, hi in plan.steps():
         touched = {plan.unit_at(p).id for p in range(lo, hi)}
@@ -44,6 +50,8 @@ def stream_preflight(plan, *, spool_dir: Path | None = None, capture_tokens_per_
         "captured_tokens": sum(u.tokens for u in plan.units),
         "trainer_idle_share": max(0.0, 1.0 - c / t) if c and t else None,
         "producer_idle_share": max(0.0, 1.0 - t / c) if c and t else None,
+        "spool_free_bytes": free_bytes(spool_dir) if spool_dir else None,
+        "spool_held_bytes": tree_bytes(spool_dir) if spool_dir else 0,
     }
 
 
@@ -53,6 +61,11 @@ def preflight_line(f: dict) -> str:
             f"{f['corpus_tokens']:,} tokens); cap {f['cap_bytes']:,} bytes (at least {f['min_cap_bytes']:,}: one step's "
             f"units + one in capture); {f['units']} units, mode {f['mode']} captures {f['captured_tokens']:,} tokens; "
             f"estimated trainer idle share {idle}")
+
+
+def check_disk(f: dict, spool_dir: Path) -> dict:
+    """Refuse a cap the spool's filesystem cannot hold (free space + the spool's own bytes), naming both."""
+    return require_free(spool_dir, f["cap_bytes"], "the stream's spool (stream.cap_bytes)", held=f["spool_held_bytes"])
 
 
 def check_cap(f: dict) -> None:

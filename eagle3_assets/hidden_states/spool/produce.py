@@ -15,6 +15,11 @@ is renamed into ``units/`` unless the unit was consumed meanwhile, and the lease
 When the unit the trainer needs next cannot fit because later units fill the spool (after a
 crash put it back in the pool), the latest of those are deleted to make room (they are
 captured again): the trainer never waits forever on a full spool.
+
+A disk that fills anyway (another process's files: the cap was checked against the free space
+when the plan was written) is fatal, not retried: the unit goes back to the pool, the producer
+records why in ``failed.json`` (the trainer stops at once with that message, naming the path)
+and ends.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Literal
 from pydantic import Field
 
 from eagle3_assets.engines import engine_names
+from eagle3_assets.files import disk_full_names, is_disk_full, require_free
 from eagle3_assets.hidden_states.extract_job import VLLMServerSpec
 from eagle3_assets.hidden_states.journal import now_iso
 from eagle3_assets.hidden_states.spool.plan import PLAN, Plan, load_plan
@@ -55,6 +61,7 @@ class ProducerJob(JobFile):
     max_rows: int = Field(256, ge=1)  # a tensor_parallel engine's requests per forward
     server_args: dict = Field(default_factory=dict)  # a tensor_parallel engine's further settings (SGLang ServerArgs)
     name: str = ""  # shown in leases and the captures journal (default: host:pid)
+    run: str = ""  # the run that started this producer (the step's), on each of its lines of the captures journal
     poll_s: float = Field(0.05, gt=0.0)
     heartbeat_s: float = Field(2.0, gt=0.0)
     stale_s: float = Field(60.0, gt=0.0)  # a lease of another host with an older heartbeat is dead
@@ -122,14 +129,17 @@ class Producer:
         from eagle3_assets.hidden_states.extract import extract_corpus
 
         tmp = self.spool.tmp_dir / lease["tmp"]
+        # the unit's bound, which the cap counted: short only when something besides the spool filled the disk
+        require_free(tmp, unit.bytes, f"unit {unit.id} of the stream's spool")
         rows = self.corpus(unit.dataset).filter(pl.col("sample_id").is_in(unit.samples))
         order = {s: i for i, s in enumerate(unit.samples)}
         rows = rows.sort(pl.col("sample_id").replace_strict(order, return_dtype=pl.Int64))
         corpus = tmp / "unit-corpus.parquet"
-        rows.write_parquet(corpus)
+        with disk_full_names(corpus):
+            rows.write_parquet(corpus)
         t0 = time.perf_counter()
         report = extract_corpus(corpus, tmp, self.extractor, dtype=self.plan.data["dtype"], shard_bytes=1 << 40,
-                                batch_tokens=self.plan.data["batch_tokens"], background_writes=False, disk_margin=0.0)
+                                batch_tokens=self.plan.data["batch_tokens"], background_writes=False, disk_margin=None)
         self.stats["capture_s"] += time.perf_counter() - t0
         size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
         if size > unit.bytes:  # the bound the cap was checked with did not hold: a bug, never silently over the cap
@@ -144,8 +154,8 @@ class Producer:
                 return False
             os.replace(tmp, self.spool.unit_dir(unit.id))
             self.spool.drop(lease)
-            with open(self.spool.root / CAPTURES, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"unit": unit.id, "producer": self.name, "samples": unit.samples,
+            with disk_full_names(self.spool.root / CAPTURES), open(self.spool.root / CAPTURES, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"unit": unit.id, "producer": self.name, "run": self.job.run, "samples": unit.samples,
                                      "quarantined": report.quarantined_total, "bytes": size, "at": now_iso()}) + "\n")
         self.stats["units"] += 1
         self.stats["samples"] += len(unit.samples)
@@ -165,29 +175,37 @@ class Producer:
         beat = Heartbeat(self.job.heartbeat_s)
         t_start = time.perf_counter()
         try:
-            while self.spool.done() is None:
-                with self.spool.lock():
-                    picked = self.choose()
-                if picked is None:
-                    if stop_when_idle and self.spool.cursor() >= self.plan.total_positions:
-                        break
-                    t0 = time.perf_counter()
-                    time.sleep(self.job.poll_s)
-                    self.stats["wait_s"] += time.perf_counter() - t0
-                    continue
-                unit, lease = picked
-                beat.paths.add(lease["path"])
-                try:
-                    self.capture(unit, lease)
-                except BaseException:
-                    self.give_back(lease)  # the unit goes back to the pool now, not when a lease check finds us dead
-                    raise
-                finally:
-                    beat.paths.discard(lease["path"])
+            self._loop(beat, stop_when_idle)
+        except Exception as exc:
+            if is_disk_full(exc):  # not retried: the trainer stops now, with the path, rather than wait on this unit
+                self.spool.mark_failed(f"producer {self.name}", str(exc))
+            raise
         finally:
             beat.stop()
         self.stats["seconds"] = time.perf_counter() - t_start
         return self.stats
+
+    def _loop(self, beat: Heartbeat, stop_when_idle: bool) -> None:
+        """Take, capture and publish units until the run is done (or, ``stop_when_idle``, nothing is left)."""
+        while self.spool.done() is None:
+            with self.spool.lock():
+                picked = self.choose()
+            if picked is None:
+                if stop_when_idle and self.spool.cursor() >= self.plan.total_positions:
+                    break
+                t0 = time.perf_counter()
+                time.sleep(self.job.poll_s)
+                self.stats["wait_s"] += time.perf_counter() - t0
+                continue
+            unit, lease = picked
+            beat.paths.add(lease["path"])
+            try:
+                self.capture(unit, lease)
+            except BaseException:
+                self.give_back(lease)  # the unit goes back to the pool now, not when a lease check finds us dead
+                raise
+            finally:
+                beat.paths.discard(lease["path"])
 
 
 def wait_for_plan(spool_dir: Path, timeout_s: float) -> Plan:

@@ -28,6 +28,9 @@ class StreamSettings(BaseModel):
     capture_tokens_per_s: float | None = Field(None, gt=0.0)
     train_tokens_per_s: float | None = Field(None, gt=0.0)
     poll_s: float = Field(0.05, gt=0.0)  # how often a waiting side looks again
+    # the trainer gives up on a unit not published after this long (None: waits; a failure the spool records
+    # (failed.json: a producer found the disk full, no producer left) ends the wait at once either way)
+    wait_timeout_s: float | None = Field(None, gt=0.0)
 
     @model_validator(mode="after")
     def _marks(self):

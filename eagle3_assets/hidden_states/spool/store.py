@@ -4,7 +4,9 @@ Layout under ``spool_dir``: ``plan.json``; ``units/<unit>/`` (a published unit: 
 directory as ``extract_corpus`` writes it, moved into place by one rename); ``tmp/<unit>-<pid>/``
 (a unit being captured); ``leases/<unit>.json`` (created with O_EXCL: pid, host, process start
 time, reserved bytes; its mtime is the heartbeat); ``cursor.json`` (positions the trainer has
-consumed, written atomically by rank 0 after each optimizer step); ``done.json`` (the run ended).
+consumed, written atomically by rank 0 after each optimizer step); ``done.json`` (the run ended);
+``failed.json`` (the run cannot go on: a producer found the disk full, or every producer ended
+and none is started again; the trainer stops at once with its message).
 
 Every decision that reads and changes the budget (take a unit, publish one, move the cursor,
 delete consumed units) runs under one ``flock`` on ``.lock``, so two producers cannot both fit
@@ -27,7 +29,7 @@ from pathlib import Path
 from eagle3_assets.files import write_text_atomic
 from eagle3_assets.hidden_states.journal import now_iso
 
-CURSOR, DONE, LOCK = "cursor.json", "done.json", ".lock"
+CURSOR, DONE, FAILED, LOCK = "cursor.json", "done.json", "failed.json", ".lock"
 
 
 def _start_time(pid: int) -> str | None:
@@ -101,6 +103,24 @@ class Spool:
 
     def mark_done(self, info: dict) -> None:
         write_json_atomic(self.root / DONE, {**info, "at": now_iso()})
+
+    def failed(self) -> dict | None:
+        """Why the run cannot go on (``failed.json``), or None."""
+        try:
+            return json.loads((self.root / FAILED).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def mark_failed(self, who: str, error: str) -> None:
+        """Record that the run cannot go on: the trainer stops at once, naming ``who`` and ``error``.
+        Best effort: on a disk too full even for this small file the producer's exit still tells the step."""
+        with contextlib.suppress(OSError):
+            write_json_atomic(self.root / FAILED, {"by": who, "host": self.host, "pid": os.getpid(), "error": error,
+                                                   "at": now_iso()})
+
+    def clear_failed(self) -> None:
+        """A new attempt starts (the step, or the trainer before it writes the plan): an earlier failure is history."""
+        (self.root / FAILED).unlink(missing_ok=True)
 
     # -- units ----------------------------------------------------------------------------
 
@@ -210,6 +230,27 @@ class Spool:
         except (OSError, ValueError):
             return False
         return data.get("pid") == lease["pid"] and data.get("host") == lease["host"]
+
+
+def unit_problem(directory: Path) -> str | None:
+    """What is wrong with a published unit's files against its own manifest (every shard there, of its
+    recorded size and sha256), or None: a unit is read back against its digest before it is trained on."""
+    from eagle3_assets.hidden_states.encoding import sha256_file
+    from eagle3_assets.hidden_states.shards import MANIFEST
+
+    try:
+        manifest = json.loads((Path(directory) / MANIFEST).read_text())
+        shards = manifest["shards"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"its manifest cannot be read ({exc})"
+    for entry in shards:
+        path = Path(directory) / entry["file"]
+        size = path.stat().st_size if path.exists() else None
+        if size != entry["bytes"]:
+            return f"{entry['file']}: {'missing' if size is None else f'{size:,} bytes'}, the manifest says {entry['bytes']:,}"
+        if sha256_file(path) != entry["sha256"]:
+            return f"{entry['file']}: sha256 differs from the manifest's"
+    return None
 
 
 class Heartbeat:

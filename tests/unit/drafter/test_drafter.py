@@ -292,7 +292,7 @@ def test_shard_batches_are_global_batches_for_any_world_size_and_start(shard_dir
         assert rows == {tuple(r.tolist()) for r in single[i]}
     assert [b["input_ids"].tolist() for b in one.epoch(1, start=3)] == [x.tolist() for x in single[3:]]
     assert single[0].tolist() != next(iter(one.epoch(2)))["input_ids"].tolist()  # reshuffled per epoch
-    first = mixed[0]
+    first = mixed[mixed.entries.index((0, "s0000000"))]  # the first sample written (entries: longest first)
     assert first["aux_hidden"].dtype == torch.bfloat16 and first["aux_hidden"].shape[1] == 3 * 576
     torch.testing.assert_close(first["last_hidden"].float(), features[0]["last_hidden"][:40], atol=0.05, rtol=0.01)
     with pytest.raises(ValueError, match="does not divide among 4 ranks"):

@@ -96,3 +96,18 @@ def test_the_preflight_rates_come_from_the_config_or_from_earlier_materializatio
 
         given = measured_rates(instance, recipe, StreamingConfig(capture_tokens_per_s=5.0, train_tokens_per_s=7.0))
         assert (given["capture_tokens_per_s"], given["train_tokens_per_s"]) == (5.0, 7.0)
+
+
+def test_the_watermarks_batch_tokens_and_wait_timeout_are_set_from_the_steps_config(tmp_path):
+    """``stream.high_water``, ``low_water``, ``batch_tokens`` and ``wait_timeout_s`` reach the trainer's
+    spool settings (and so the plan the producers follow); marks the wrong way round are refused naming them."""
+    from eagle3_assets.drafter.stream_jobs import stream_settings_for
+    from eagle3_assets.paths import DataLayout
+
+    recipe = SimpleNamespace(name="r", datasets={"a": 1.0}, shape=SimpleNamespace(aux_layer_ids=None))
+    stream = StreamingConfig(cap_bytes=1 << 30, high_water=0.8, low_water=0.5, batch_tokens=1024, wait_timeout_s=600.0)
+    got = stream_settings_for(DataLayout(tmp_path), recipe, stream)
+    assert (got.high_water, got.low_water, got.batch_tokens, got.wait_timeout_s) == (0.8, 0.5, 1024, 600.0)
+    assert stream_settings_for(DataLayout(tmp_path), recipe, StreamingConfig(cap_bytes=1)).wait_timeout_s is None
+    with pytest.raises(Exception, match="'low_water' .* must not exceed 'high_water'"):
+        stream_settings_for(DataLayout(tmp_path), recipe, StreamingConfig(cap_bytes=1, high_water=0.5, low_water=0.6))

@@ -200,8 +200,10 @@ def test_refuses_when_disk_is_short(tmp_path, monkeypatch):
     corpus = make_corpus(tmp_path / "corpus.parquet")
     assert sizing.estimate_bytes(1000, H, "bf16", 10) == 1000 * (8 * H + 5) + 10 * 128 + (1 << 20)
     assert sizing.bytes_per_token(H, "fp8") == 4 * H + 8 + 5
-    real = sizing.shutil.disk_usage
-    monkeypatch.setattr(sizing.shutil, "disk_usage", lambda p: real(p)._replace(free=100_000))
+    import eagle3_assets.files as files
+
+    real = files.shutil.disk_usage
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda p: real(p)._replace(free=100_000))
     out = tmp_path / "hs"
     with pytest.raises(sizing.InsufficientDiskSpace, match=r"need [\d,]+ bytes .* only 100,000 free") as err:
         extract_corpus(corpus, out, Fake())
