@@ -50,8 +50,9 @@ def state_bytes(obj) -> int:
 
 def require_room(out_dir: Path, model: torch.nn.Module, keep: int, exports: int) -> dict:
     """Before the first step: room for ``keep`` + 2 checkpoints at once (the newest is written before the
-    oldest goes, and the best by the acceptance estimate is kept however old), each the trainable weights and at most two optimizer moments in float32, and for
-    ``exports`` exports of the weights, less the checkpoints already there (they are replaced)."""
+    oldest goes, and the best by the acceptance estimate is kept however old), each the trainable weights
+    and at most two optimizer moments in float32, and for ``exports`` exports of the weights, less the
+    checkpoints already there (they are replaced)."""
     trainable = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
     exported = sum(v.numel() * 4 for k, v in model.state_dict().items() if not k.startswith("embed_tokens."))
     held = sum(p.stat().st_size for p in checkpoints_dir(out_dir).glob("step-*.pt"))
