@@ -79,7 +79,9 @@ def memory_plan(job: TrainJob, dcfg: DrafterConfig, device: torch.device, world:
     plan = plan_for_run(dcfg, job.training, job.runtime, device, world_size=world,
                         compute_bytes=torch.finfo(dtype).bits // 8)
     if not plan.fits():
-        raise MemoryPlanError(refusal(plan, max_length=job.training.max_length))
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or world  # torchrun's processes on this node
+        raise MemoryPlanError(refusal(plan, max_length=job.training.max_length, batch_size=job.training.batch_size,
+                                      world_size=world, per_node=per_node))
     return plan
 
 

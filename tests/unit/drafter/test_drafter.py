@@ -337,6 +337,27 @@ def test_training_refuses_layers_the_shards_do_not_hold_and_bad_job_files(model_
     assert f"{bad}: field 'training.lr'" in capsys.readouterr().err
 
 
+def test_the_trainer_entry_refuses_a_step_no_layout_fits_with_status_2(model_dir, shard_dir, tmp_path, monkeypatch, capsys):
+    """A device too small for even one sequence, recomputed, with the loss in chunks: the entry
+    prints one line naming the batch, the GPUs and the lengths, exits 2, and trains nothing."""
+    from eagle3_assets.drafter.training import memory_plan
+    from eagle3_assets.drafter.training.__main__ import main
+    from eagle3_assets.drafter.training.config import DraftShape, RuntimeSettings, TrainJob
+    from eagle3_assets.target.ref import TargetRef
+
+    job = TrainJob(target=TargetRef(model_dir=str(model_dir)), out_dir=str(tmp_path / "out"), datasets={str(shard_dir): 1.0},
+                   training=small_cfg(), shape=DraftShape(draft_vocab_size=DRAFT_VOCAB, intermediate_size=256),
+                   runtime=RuntimeSettings(threads=1, progress=False)).write(tmp_path / "job.json")
+    monkeypatch.setattr(memory_plan, "device_capacity", lambda device: 64 << 20)  # a 64 MiB device
+    assert main(["--config", str(job)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: {job}: the training step does not fit: estimated peak")
+    assert "of 0.1 GiB usable" in err
+    assert "Lower 'batch_size' (now 4: 4 sequences on each of 1 GPUs, 1 per node x 1 node(s))" in err
+    assert "'max_length' (now 64)" in err and "'nproc_per_node'" in err
+    assert not list((tmp_path / "out").glob("checkpoint*")) and not (tmp_path / "out" / "result.json").exists()
+
+
 def test_padding_does_not_change_real_positions(dcfg, target, vmap, features):
     """Fused attention on a right-padded batch gives each sample its own unpadded result."""
     model = build_drafter(dcfg, target["embed"], vmap, seed=5).eval()
