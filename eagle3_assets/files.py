@@ -34,10 +34,11 @@ def write_text_atomic(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
-def write_parquet_atomic(frame: pl.DataFrame, path: Path) -> int:
-    """Write ``frame`` to ``path`` through a temporary file and a rename; returns bytes."""
+def write_parquet_atomic(frame: pl.DataFrame, path: Path, metadata: dict[str, str] | None = None) -> int:
+    """Write ``frame`` to ``path`` through a temporary file and a rename (``metadata``: the file's
+    key-value metadata); returns bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    frame.write_parquet(tmp, compression="zstd")
+    frame.write_parquet(tmp, compression="zstd", metadata=metadata)
     os.replace(tmp, path)
     return path.stat().st_size
