@@ -13,7 +13,7 @@ import sys
 
 from eagle3_assets.drafter.training.config import TrainJob
 from eagle3_assets.drafter.training.distributed import close_distributed
-from eagle3_assets.drafter.training.job import MemoryPlanError, run_job
+from eagle3_assets.drafter.training.job import MemoryPlanError, ShardDigestError, run_job
 from eagle3_assets.job_file import run_job_main
 
 
@@ -35,9 +35,10 @@ def _run(job: TrainJob, args, pipes) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # rank 0 reports; a memory plan that does not fit is refused before any weight was built
+    # rank 0 reports; a memory plan that does not fit is refused before any weight was built, a shard
+    # that is not what extraction wrote before any row of it was read
     return run_job_main(TrainJob, _run, argv, reports=lambda job: int(os.environ.get("RANK", "0")) == 0,
-                        refused=(MemoryPlanError,), cleanup=close_distributed,
+                        refused=(MemoryPlanError, ShardDigestError), cleanup=close_distributed,
                         description="Train an EAGLE-3 drafter on hidden-state shards.")
 
 

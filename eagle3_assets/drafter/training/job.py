@@ -24,7 +24,7 @@ from eagle3_assets.drafter.target_weights import (
 )
 from eagle3_assets.drafter.training.config import TrainJob
 from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset
-from eagle3_assets.drafter.training.distributed import barrier, dist_info, init_distributed
+from eagle3_assets.drafter.training.distributed import barrier, dist_info, gather_lists, init_distributed
 from eagle3_assets.drafter.training.loop import Trainer
 from eagle3_assets.drafter.training.memory_plan import GiB, MemoryEstimate, plan_for_run, refusal
 from eagle3_assets.drafter.training.teacher import Teacher
@@ -72,6 +72,24 @@ def head_from_target(model, lm_head: torch.Tensor, final_norm: torch.Tensor, *, 
 
 class MemoryPlanError(ValueError):
     """The recipe's step does not fit the device, in any layout the plan knows."""
+
+
+class ShardDigestError(ValueError):
+    """A shard the run would train on is not what extraction wrote (missing, resized, other bytes)."""
+
+
+def verify_shards_read_back(dataset: ShardDataset, rank: int, world: int) -> None:
+    """Every shard checked against its manifest's sha256 before training reads a row: the ranks
+    share the hashing, and every rank refuses with all of what they found."""
+    t0 = time.perf_counter()
+    mine, read = dataset.verify_files(rank, world, threads=min(8, os.cpu_count() or 1))
+    problems = gather_lists(mine)
+    if problems:
+        more = f" and {len(problems) - 5} more" if len(problems) > 5 else ""
+        raise ShardDigestError(f"{len(problems)} shard(s) differ from their manifest: {'; '.join(problems[:5])}{more}")
+    if rank == 0:
+        print(f"eagle3: shards checked against their manifests' sha256 ({read / 2**30:.2f} GiB on rank 0 in "
+              f"{time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
 
 
 def memory_plan(job: TrainJob, dcfg: DrafterConfig, device: torch.device, world: int, dtype: torch.dtype) -> MemoryEstimate:
@@ -127,6 +145,7 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
         dataset, plan, stream = open_stream(job.stream, s, rank=rank, world=world, target_config=target.config)
     else:
         dataset = ShardDataset(job.datasets, max_length=s.max_length, seed=s.seed)
+        verify_shards_read_back(dataset, rank, world)
     dcfg = drafter_config(job, dataset, target)
     counts = dataset.token_counts(dcfg.vocab_size)
     if rank == 0:
