@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from eagle3_assets.drafter.export_fingerprint import fingerprints
 from eagle3_assets.drafter.model import DrafterConfig, build_drafter
 from eagle3_assets.drafter.target_weights import (
     read_target_embeddings,
@@ -200,6 +201,7 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
         if e.vllm and "vllm" in job.shape.engines:
             summary["vllm_dir"] = str(export_vllm(model, out_dir / "vllm", dtype=e.dtype, verifier=str(target.model_dir),
                                                   speculative_tokens=e.speculative_k))
+        summary["exports"] = fingerprints(out_dir, job.shape.engines)  # every file as written, for reading back
     if rank == 0:
         write_text_atomic(out_dir / "result.json", json.dumps(summary, indent=2))
     barrier()
