@@ -261,3 +261,16 @@ def test_the_end_of_turn_pass_counts_only_the_turns_that_stopped(target_tokenize
     assert result.passed and result.description == (
         f"2 stopped turns end with {tok.end_of_turn!r} = {tok.end_of_turn_id}; 1 rows did not stop (1 cut by length) "
         "and need not end with it")
+
+
+def test_the_table_digest_does_not_depend_on_batches_and_sees_a_moved_null():
+    from eagle3_assets.tokens.digest import table_digest
+
+    frame = pl.DataFrame({"a": [[1, 2], None, [3], []], "s": ["x", None, "yz", ""], "b": [True, None, False, True],
+                          "f": [1.5, None, 2.0, 0.0]}, schema_overrides={"a": pl.List(pl.Int32)})
+    t = frame.to_arrow()
+    whole = table_digest(t.to_batches(), t.column_names)
+    assert table_digest(t.to_batches(max_chunksize=1), t.column_names) == whole
+    moved = frame.with_columns(pl.Series("s", [None, "x", "yz", ""])).to_arrow()
+    changed = table_digest(moved.to_batches(max_chunksize=3), moved.column_names)["columns"]
+    assert [c for c in whole["columns"] if changed[c] != whole["columns"][c]] == ["s"]
