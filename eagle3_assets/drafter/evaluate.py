@@ -26,9 +26,15 @@ def train_split_sizes(layout, datasets: dict[str, float], target) -> dict[str, i
 def eval_prompts(layout, datasets, limit: int) -> list[list[int]]:
     """Prompt ids of the held-out split, taken round-robin across the recipe's datasets, each
     prompt once (datasets with several replies per prompt, or built from the same prompt file,
-    hold it many times)."""
+    hold it many times). Each corpus is first checked against its table digest: an edited
+    ``prompt_len`` would cut the prompts elsewhere, a relabelled ``split`` hold out other ones."""
+    from eagle3_assets.tokens.digest import verify_table_digest
+
     per = []
     for name in datasets:
+        table = verify_table_digest(layout.corpus(name))  # prompt_len and split as merged_corpus wrote them
+        if not table.ok:
+            raise ValueError(table.problem(layout.corpus(name), f"merged_corpus[{name}]"))
         corpus = pl.read_parquet(layout.corpus(name), columns=["input_ids", "prompt_len", "split"])
         ev = corpus.filter(pl.col("split") == "eval")
         per.append([ids[:n] for ids, n in zip(ev["input_ids"].to_list(), ev["prompt_len"].to_list())])

@@ -163,3 +163,19 @@ def test_the_evaluation_checks_the_exports_against_what_the_trainer_wrote(tmp_pa
     with pytest.raises(ExportDigestError, match=r"the vllm export is not the one result.json \(the trainer, as it wrote "
                                                  r"them\) records \(model.safetensors changed since\)"):
         checked_exports(out, recipe)
+
+
+def test_the_held_out_prompts_are_read_from_the_corpus_merged_corpus_wrote(layout):
+    """Evaluation cuts each held-out prompt at its prompt_len: an edited one is refused, not used."""
+    import polars as pl
+
+    from eagle3_assets.drafter.evaluate import eval_prompts
+    from eagle3_assets.tokens.digest import write_digested_parquet
+
+    frame = pl.DataFrame({"sample_id": ["a", "b"], "input_ids": [[1, 2, 3, 4], [5, 6, 7]], "prompt_len": [2, 1],
+                          "split": ["eval", "train"]}, schema_overrides={"input_ids": pl.List(pl.Int32)})
+    write_digested_parquet(frame, layout.corpus("facts"))
+    assert eval_prompts(layout, {"facts": 1.0}, 10) == [[1, 2]]
+    frame.with_columns(pl.Series("prompt_len", [3, 1])).write_parquet(layout.corpus("facts"))
+    with pytest.raises(ValueError, match=r"carries no table digest .* re-materialize merged_corpus\[facts\]"):
+        eval_prompts(layout, {"facts": 1.0}, 10)
