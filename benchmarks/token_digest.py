@@ -7,14 +7,19 @@ masks) is written in Arrow batches with each row's ``row_digest``; then
 - ``verify_token_table`` (the ``token_rows_intact`` check's body) reads it back and recomputes every
   digest, against the yardstick of reading the same columns in the same batches without hashing,
   and against DuckDB summing the ids' lengths over the file;
+- the table digest (``tokens/digest.py``: every column of the file, rows in order) recomputed over the
+  same file, against the same yardstick;
+- ``stale_rows`` (the reply check of ``token_rows_intact``) over ``--write-rows`` token rows and
+  their reply lines, each about as long as a reply of ``--mean-len`` ids written as JSON;
 - ``write_token_table`` on ``--write-rows`` rows as Python dicts (what ``token_ids`` hands it),
-  against the same rows written without digests.
+  against the same rows written without digests (row digests and the table digest).
 
 Figures go to ``benchmarks/results/token_digest.json``.
 Run: `.venv/bin/python benchmarks/token_digest.py [--rows 400000] [--mean-len 384] [--write-rows 20000]`.
 """
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -81,10 +86,11 @@ def main() -> None:
     import duckdb
     import numpy as np
     import polars as pl
+    import pyarrow.parquet as pq
 
     from benchmarks.results import record
     from eagle3_assets.files import write_parquet_atomic
-    from eagle3_assets.tokens.digest import verify_token_table
+    from eagle3_assets.tokens.digest import response_digest, stale_rows, table_digest, verify_token_table
     from eagle3_assets.tokens.table import TOKEN_SCHEMA, write_token_table
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,6 +108,9 @@ def main() -> None:
               f"{tokens / t_verify / 1e6:.1f} M ids/s")
         print(f"yardstick, same columns read without hashing: {t_read:.2f} s ({t_verify / t_read:.2f}x); "
               f"DuckDB count + lengths: {t_duck:.2f} s")
+        f = pq.ParquetFile(str(path))
+        _, t_table = timed(lambda: table_digest(f.iter_batches(batch_size=16_384), f.schema_arrow.names))
+        print(f"table digest (every column, rows in order): {t_table:.2f} s ({t_table / t_read:.2f}x the yardstick)")
 
         rng = np.random.default_rng(1)
         rows = []
@@ -110,8 +119,16 @@ def main() -> None:
             ids = rng.integers(0, 150_000, n).tolist()
             rows.append({"sample_id": f"s{i}", "dataset": "bench", "input_ids": ids, "loss_mask": [1] * n,
                          "prompt_len": 0, "completion_len": n, "native_ids": True})
+        lines = [(json.dumps({"sample_id": r["sample_id"], "output_ids": r["input_ids"], "text": "x" * (4 * len(r["input_ids"]))})
+                  .encode()) for r in rows]
+        for r, line in zip(rows, lines):
+            r["response_digest"] = response_digest(line)
         _, t_with = timed(write_token_table, rows, Path(tmp) / "with.parquet")
-        plain_schema = {k: v for k, v in TOKEN_SCHEMA.items() if k != "row_digest"}
+        stale, t_stale = timed(stale_rows, Path(tmp) / "with.parquet", iter(lines))
+        assert stale.stale == 0 and stale.rows == args.write_rows
+        reply_mib = sum(len(x) for x in lines) / 2**20
+        print(f"stale replies: {args.write_rows:,} rows against {reply_mib:.0f} MiB of reply lines in {t_stale:.2f} s")
+        plain_schema = {k: v for k, v in TOKEN_SCHEMA.items() if k not in ("row_digest", "response_digest")}
         _, t_without = timed(lambda: write_parquet_atomic(pl.DataFrame(rows, schema=plain_schema),
                                                           Path(tmp) / "without.parquet"))
         print(f"writer, {args.write_rows:,} rows as dicts: {t_with:.2f} s with digests, {t_without:.2f} s without "
@@ -120,8 +137,9 @@ def main() -> None:
         "rows": args.rows, "ids": tokens, "file_mib": round(size / 2**20), "verify_s": round(t_verify, 2),
         "verify_rows_per_s": round(args.rows / t_verify), "read_only_s": round(t_read, 2),
         "verify_over_read": round(t_verify / t_read, 2), "duckdb_count_s": round(t_duck, 2),
+        "table_digest_s": round(t_table, 2), "table_over_read": round(t_table / t_read, 2),
         "write_rows": args.write_rows, "write_with_digest_s": round(t_with, 2), "write_without_s": round(t_without, 2),
-        "write_ratio": round(t_with / t_without, 2)})
+        "write_ratio": round(t_with / t_without, 2), "reply_mib": round(reply_mib), "stale_check_s": round(t_stale, 2)})
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 On a CPU the record is what autograd saves for backward: every storage its ``saved_tensors_hooks``
 see in one forward of the trainer's step, counted once, weights left out, against the estimate's
-``saved`` part, for several drafter shapes and lengths, float32 and bf16 autocast, Kimi-K2.5's
+``saved`` part, for several drafter shapes and lengths (each batch with a run of equal lengths),
+every objective (kl, tv, nla, lk), float32 and bf16 autocast, Kimi-K2.5's
 own MLA shape among them at a reduced length (its vocabulary cut to 32,000: the vocabulary sizes
 only the frozen embedding and the teacher's heads, counted exactly as weights, not activations).
 
@@ -56,6 +57,7 @@ LLAMA8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads
            "head_dim": 128, "num_hidden_layers": 32, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
            "rope_theta": 500000.0}
 H100, H200 = int(79.6 * GiB), int(139.7 * GiB)
+LOSSES = ("kl", "tv", "nla", "lk")
 
 
 class _Batches:
@@ -96,24 +98,33 @@ def random_batch(lengths: list[int], h: int, head: torch.Tensor, vmap: VocabMap)
     return out
 
 
-def cpu_row(name: str, text: dict, *, attention: str, lengths: list[int], dtype: torch.dtype, ttt: int = 3,
-            vocab: int = 32000, draft_vocab: int = 8192) -> dict:
-    cfg, model, vmap, head = drafter(text, vocab=vocab, draft_vocab=draft_vocab, attention=attention)
-    trainer = Trainer(TrainSettings(max_steps=1, ttt_steps=ttt), model, _Batches([]), Teacher(head, vmap, dtype=dtype),
-                      "unused", compute_dtype=dtype)
-    batch = trainer.prepare(random_batch(lengths, cfg.hidden_size, head, vmap))
+def saved_in_forward(model, teacher, vmap, head, lengths: list[int], *, ttt: int, loss: str, dtype: torch.dtype):
+    """(bytes autograd saves in one forward of the trainer's step, rows each TTT step counts)."""
+    trainer = Trainer(TrainSettings(max_steps=1, ttt_steps=ttt, loss=loss), model, _Batches([]), teacher, "unused",
+                      compute_dtype=dtype)
+    batch = trainer.prepare(random_batch(lengths, model.config.hidden_size, head, vmap))
     staged = trainer.stage(batch)
-    _, got = saved_tensor_bytes(lambda: trainer.step_sums(batch, staged),
-                                exclude=[*model.parameters(), *model.buffers()])
-    rows = [int(r.numel()) for r in staged[0].logit_rows]
+    _, got = saved_tensor_bytes(lambda: trainer.step_sums(batch, staged), exclude=[*model.parameters(), *model.buffers()])
+    return got, [int(r.numel()) for r in staged[0].logit_rows]
+
+
+def cpu_rows(name: str, text: dict, *, attention: str, lengths: list[int], dtype: torch.dtype, ttt: int = 3,
+             vocab: int = 32000, draft_vocab: int = 8192) -> list[dict]:
+    """One drafter, one batch, every objective: what autograd saves in a forward against the estimate."""
+    cfg, model, vmap, head = drafter(text, vocab=vocab, draft_vocab=draft_vocab, attention=attention)
+    teacher = Teacher(head, vmap, dtype=dtype)
     c = torch.finfo(dtype).bits // 8
-    shape = BatchShape(sum(lengths), max(lengths), sum(rows) / len(rows) / sum(lengths), sum(n * n for n in lengths))
-    est = activation_bytes(cfg, shape, ttt, c, StepMemory(), attention_kernel(cfg, "cpu"), e=4)["saved"]
-    if c == 2:
-        est += autocast_weight_bytes(cfg)
-    return {"shape": name, "attention": attention, "dtype": str(dtype).removeprefix("torch."),
-            "tokens": f"{len(lengths)} x {max(lengths)}", "ttt_steps": ttt, "saved_mib": round(got / 2**20, 1),
-            "estimated_mib": round(est / 2**20, 1), "error": round(est / got - 1, 4)}
+    out = []
+    for loss in LOSSES:
+        got, rows = saved_in_forward(model, teacher, vmap, head, lengths, ttt=ttt, loss=loss, dtype=dtype)
+        shape = BatchShape.of(lengths, sum(rows) / len(rows) / sum(lengths))
+        est = activation_bytes(cfg, shape, ttt, c, StepMemory(), attention_kernel(cfg, "cpu"), e=4, loss=loss)["saved"]
+        if c == 2:
+            est += autocast_weight_bytes(cfg)
+        out.append({"shape": name, "attention": attention, "dtype": str(dtype).removeprefix("torch."), "loss": loss,
+                    "lengths": ", ".join(map(str, lengths)), "ttt_steps": ttt, "saved_mib": round(got / 2**20, 1),
+                    "estimated_mib": round(est / 2**20, 1), "error": round(est / got - 1, 4)})
+    return out
 
 
 def gpu_row(name: str, text: dict, *, attention: str, sequences: int, length: int, vocab: int = 163840,
@@ -171,15 +182,16 @@ def main() -> None:
                 torch.cuda.empty_cache()
     else:
         both = (torch.float32, torch.bfloat16)
-        cases = [("smollm2", SMOLLM2, "llama", [256, 192, 64], both), ("llama-8b", LLAMA8B, "llama", [128, 96], both),
-                 ("kimi-k2.5", KIMI, "mla", [128, 64], both),
+        # each batch holds a run of equal lengths: one attention call, one mask for the run
+        cases = [("smollm2", SMOLLM2, "llama", [256, 192, 192, 64], both), ("llama-8b", LLAMA8B, "llama", [128, 96, 96], both),
+                 ("kimi-k2.5", KIMI, "mla", [128, 64, 64], both),
                  # a 1.2B Llama-style drafter under CPU autocast does not fit beside the rest in 24 GiB
-                 ("kimi-k2.5", KIMI, "llama", [128, 64], (torch.float32,))]
+                 ("kimi-k2.5", KIMI, "llama", [128, 64, 64], (torch.float32,))]
         for name, text, att, lengths, dtypes in cases:
             for dtype in dtypes:
-                row = cpu_row(name, text, attention=att, lengths=lengths, dtype=dtype)
-                figures[f"{name} {att} {row['dtype']}"] = row
-                print(row, flush=True)
+                for row in cpu_rows(name, text, attention=att, lengths=lengths, dtype=dtype):
+                    figures[f"{name} {att} {row['dtype']} {row['loss']}"] = row
+                    print(row, flush=True)
     for k, v in kimi_plans().items():
         figures[f"plan {k}"] = v
         print(k, v)

@@ -206,10 +206,12 @@ def _single_run(server, names: list[str], assets: list[str], run_config: dict, w
 
 
 def cmd_export(args) -> int:
-    """Where a recipe's drafter exports are, and whether each follows its serving contract and names
-    the layers the drafter was trained on (the review ``drafter_acceptance`` runs). Exit 1: an export
-    breaks its serving contract; 2: none yet, or its layers are not training's (both lists printed)."""
-    from eagle3_assets.drafter.export_review import review_exports
+    """Where a recipe's drafter exports are, and whether each follows its serving contract, names
+    the layers the drafter was trained on and is the files ``eval.json`` measured (the review
+    ``drafter_acceptance`` runs). Exit 1: an export breaks its serving contract; 2: no recipe of that
+    name (or a bad one), no export yet, layers that are not training's (both lists printed), or files
+    other than the ones evaluated."""
+    from eagle3_assets.drafter.export_review import evaluation_link_problems, review_exports
     from eagle3_assets.drafter.recipes import load_recipe
     from eagle3_assets.drafter.training.acceptance import exported_line
 
@@ -226,12 +228,15 @@ def cmd_export(args) -> int:
     review = review_exports(out, engines)
     for e in engines:
         print(f"{e + ' aux layers':<18}trained {review.trained_ids(e)} ({e} numbering)")
-    if review.problems:
+    ev = out / "eval.json"
+    linked = (evaluation_link_problems(json.loads(ev.read_text()), out, engines, args.recipe) if ev.exists() else
+              [f"no eval.json: the exports were never evaluated; materialize drafter_checkpoint[{args.recipe}]"])
+    if review.problems or linked:
         print("exports INVALID:", file=sys.stderr)
-        for p in review.problems:
+        for p in review.problems + linked:
             print(f"  - {p}", file=sys.stderr)
-        return 2 if review.layer_problems else 1
-    print("exports ok and name the trained layers; serve them with:")
+        return 2 if review.layer_problems or linked else 1
+    print("exports ok, name the trained layers and are the files eval.json measured; serve them with:")
     if "sglang" in engines:
         print(f"  python -m sglang.launch_server --model-path <target> --speculative-algorithm EAGLE3 "
               f"--speculative-draft-model-path {out / 'sglang'}")

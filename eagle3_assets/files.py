@@ -125,12 +125,13 @@ def write_text_atomic(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
-def write_parquet_atomic(frame: pl.DataFrame, path: Path) -> int:
-    """Write ``frame`` to ``path`` through a temporary file and a rename; returns bytes. The file is
-    made in memory first (no larger than the frame: zstd), so the preflight checks its exact size."""
+def write_parquet_atomic(frame: pl.DataFrame, path: Path, metadata: dict[str, str] | None = None) -> int:
+    """Write ``frame`` to ``path`` through a temporary file and a rename (``metadata``: the file's
+    key-value metadata); returns bytes. The file is made in memory first (no larger than the frame:
+    zstd), so the preflight checks its exact size."""
     path = Path(path)
     buf = io.BytesIO()
-    frame.write_parquet(buf, compression="zstd")
+    frame.write_parquet(buf, compression="zstd", metadata=metadata)
     data = buf.getbuffer()
     with atomic_path(path, need=len(data)) as tmp, open(tmp, "wb") as fh:
         fh.write(data)

@@ -5,7 +5,6 @@ import polars as pl
 
 from eagle3_assets.corpus.inventory import response_frame, summarize, tool_call_figures, write_inventory
 from eagle3_assets.corpus.merge import merge_corpus
-from eagle3_assets.files import write_parquet_atomic
 from eagle3_assets.generation.assets import raw_responses
 from eagle3_assets.generation.completeness import unanswered_in_store
 from eagle3_assets.generation.response_store import ResponseStore
@@ -15,6 +14,7 @@ from eagle3_assets.plots import length_histogram
 from eagle3_assets.prompts.table import read_conversations
 from eagle3_assets.resources import DatasetSettings, StorageResource
 from eagle3_assets.tokens.assets import token_ids
+from eagle3_assets.tokens.digest import write_digested_parquet
 
 SHOWN = ["source", "responses", "completion_tokens", "mean_len", "p50_len", "p95_len",
          "finish_reasons", "budget_used", "budget_remaining", "cost_usd", "billed_usd", "billed_dead_runs_usd", "missing",
@@ -91,7 +91,7 @@ def merged_corpus(context: dg.AssetExecutionContext, storage: StorageResource,
     tokens = pl.read_parquet(layout.tokens(dataset))
     corpus, stats = merge_corpus(tokens, dataset_settings.eval_fraction, read_conversations(layout.prompt_table(dataset)))
     out = layout.corpus(dataset)
-    write_parquet_atomic(corpus, out)
+    write_digested_parquet(corpus, out)  # corpus_integrity recomputes its table digest
     return dg.MaterializeResult(
         metadata={
             "rows": corpus.height,

@@ -13,7 +13,7 @@ from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.querying import SAMPLE, name_rows, query_rows
 from eagle3_assets.resources import DatasetSettings, StorageResource
-from eagle3_assets.tokens.digest import verify_token_table
+from eagle3_assets.tokens.digest import DIGEST_COLUMN, verify_table_digest, verify_token_table
 
 
 @dg.asset_check(asset=inventory, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
@@ -71,14 +71,18 @@ def truncation_rate(context: dg.AssetCheckExecutionContext, storage: StorageReso
 
 @dg.asset_check(asset=merged_corpus, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
                 description="No duplicate samples, train/eval split disjoint by prompt, no empty assistant mask; every "
-                            "row's ids and mask still match the digest token_ids wrote with them (rows named).")
+                            "row's ids and mask still match the digest token_ids wrote with them (rows named); the "
+                            "file's table digest matches what merged_corpus wrote (a row deleted, duplicated or moved, "
+                            "an edited prompt_len or a relabelled split fails). A corpus without its digests fails.")
 def corpus_integrity(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
     with storage.query() as con:
-        return corpus_integrity_result(con, str(storage.layout.corpus(context.partition_key)))
+        return corpus_integrity_result(con, str(storage.layout.corpus(context.partition_key)),
+                                       writer=f"merged_corpus[{context.partition_key}]")
 
 
-def corpus_integrity_result(con, path: str) -> dg.AssetCheckResult:
-    """The body of ``corpus_integrity`` (``con`` a DuckDB connection, ``path`` the corpus Parquet file)."""
+def corpus_integrity_result(con, path: str, writer: str = "merged_corpus") -> dg.AssetCheckResult:
+    """The body of ``corpus_integrity`` (``con`` a DuckDB connection, ``path`` the corpus Parquet file,
+    ``writer`` the asset partition that writes it, named in what to re-materialize)."""
     rows, train, eval_ = con.execute(
         "SELECT count(*), count(*) FILTER (WHERE split = 'train'), count(*) FILTER (WHERE split = 'eval') "
         "FROM read_parquet(?)", [path]).fetchone()
@@ -90,7 +94,7 @@ def corpus_integrity_result(con, path: str) -> dg.AssetCheckResult:
                        "HAVING count(DISTINCT split) > 1", [path])
     empty = query_rows(con, "SELECT sample_id, source, len(input_ids) AS length FROM read_parquet(?) "
                        "WHERE list_sum(loss_mask) = 0 OR len(loss_mask) <> len(input_ids)", [path])
-    digests = verify_token_table(path)
+    digests, table = verify_token_table(path), verify_table_digest(path)
     problems = []
     if n_dups:
         problems.append(f"{n_dups} duplicate sample ids ({name_rows(dups, n_dups)})")
@@ -101,6 +105,11 @@ def corpus_integrity_result(con, path: str) -> dg.AssetCheckResult:
     if digests.mismatched:
         problems.append(f"{digests.mismatched} rows hold ids or a loss mask other than token_ids wrote "
                         f"({digests.names()})")
+    if not digests.has_digest:
+        problems.append(f"{path} has no {DIGEST_COLUMN} column (built from token rows written before they carried "
+                        f"digests): an id edited since cannot be detected; re-materialize token_ids and {writer}")
+    if not table.ok:
+        problems.append(table.problem(path, writer))
     if rows == 0:
         problems.append("the corpus is empty")
     offending = [dict(r, problem="duplicate") for r in dups]
@@ -109,13 +118,13 @@ def corpus_integrity_result(con, path: str) -> dg.AssetCheckResult:
     offending += [dict(r, problem="digest differs") for r in digests.first]
     return dg.AssetCheckResult(
         passed=not problems,
-        description="; ".join(problems) or f"{rows} unique samples, {train} train / {eval_} eval"
-        + (", every row matching its digest" if digests.has_digest else
-           "; no row digests in this corpus (written before rows carried them): edited ids cannot be detected"),
+        description="; ".join(problems) or f"{rows} unique samples, {train} train / {eval_} eval, every row "
+                                            "matching its digest and the file its table digest",
         metadata={"rows": rows, "train": train, "eval": eval_, "duplicates": n_dups,
                   "split_leaks": len(leaks), "empty_masks": len(empty), "digest_mismatches": digests.mismatched,
-                  "digests": "checked" if digests.has_digest else "none in this corpus (written before rows carried "
-                                                                  "digests): edited ids cannot be detected",
+                  "digests": "checked" if digests.has_digest else "none in this corpus",
+                  "table_digest": "matches" if table.ok else "none" if table.recorded is None else "differs",
+                  "columns_changed": ", ".join(table.changed) or "none",
                   "offending_rows": md_table(offending)},
     )
 

@@ -92,7 +92,9 @@ def preflight_memory(recipe: str, job, target_config: dict, config: DrafterTrain
     plan = plan_for_run(cfg, job.training, job.runtime, torch.device("cuda", 0), world_size=max(1, ranks),
                         compute_bytes=4 if config.dtype == "float32" else 2, capacity=capacity)
     if not plan.fits():
-        raise MemoryPlanError(f"recipe {recipe}: {refusal(plan, max_length=job.training.max_length)}")
+        raise MemoryPlanError(f"recipe {recipe}: " + refusal(plan, max_length=job.training.max_length,
+                                                             batch_size=job.training.batch_size, world_size=max(1, ranks),
+                                                             per_node=config.nproc_per_node))
     return plan
 
 

@@ -31,9 +31,10 @@ def acceptance_problems(ev: dict, settings) -> list[str]:
 
 @dg.asset_check(asset=drafter_checkpoint, blocking=True, partitions_def=recipe_partitions,
                 description="The SGLang and vLLM exports follow their serving contracts (rope, aux layers) and "
-                            "name the aux layers the drafter was trained on; speculative decoding on held-out "
-                            "prompts reaches the recipe's acceptance floor, beats an untrained drafter by the "
-                            "recipe's margin and reproduces greedy decoding.")
+                            "name the aux layers the drafter was trained on, and every file of each is the one "
+                            "eval.json fingerprinted; speculative decoding on held-out prompts reaches the recipe's "
+                            "acceptance floor, beats an untrained drafter by the recipe's margin and reproduces "
+                            "greedy decoding.")
 def drafter_acceptance(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
     from eagle3_assets.drafter.export_review import evaluation_link_problems, review_exports
     from eagle3_assets.drafter.recipes import load_recipe
@@ -43,15 +44,13 @@ def drafter_acceptance(context: dg.AssetCheckExecutionContext, storage: StorageR
     review = review_exports(out, recipe.shape.engines)
     layers, problems = review.layers, review.problems
     ev = json.loads((out / "eval.json").read_text()) if (out / "eval.json").exists() else None
-    note = ""
     if ev is None:
         problems.append("no eval.json: the drafter was not evaluated")
     else:
         problems += acceptance_problems(ev, recipe.evaluation)
-        linked, note = evaluation_link_problems(ev, out)
-        problems += linked
-    ok = f"acceptance length {ev['trained']['acceptance_length']:.3f} >= {ev['floor']}" if ev else ""
-    ok += f"; {note}" if ok and note else ""
+        problems += evaluation_link_problems(ev, out, recipe.shape.engines, recipe.name)
+    ok = (f"acceptance length {ev['trained']['acceptance_length']:.3f} >= {ev['floor']}, measured on the "
+          f"{' and '.join(recipe.shape.engines)} exports there now" if ev else "")
     return dg.AssetCheckResult(
         passed=not problems,
         description="; ".join(problems) or ok,

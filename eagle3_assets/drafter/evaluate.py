@@ -26,9 +26,15 @@ def train_split_sizes(layout, datasets: dict[str, float], target) -> dict[str, i
 def eval_prompts(layout, datasets, limit: int) -> list[list[int]]:
     """Prompt ids of the held-out split, taken round-robin across the recipe's datasets, each
     prompt once (datasets with several replies per prompt, or built from the same prompt file,
-    hold it many times)."""
+    hold it many times). Each corpus is first checked against its table digest: an edited
+    ``prompt_len`` would cut the prompts elsewhere, a relabelled ``split`` hold out other ones."""
+    from eagle3_assets.tokens.digest import verify_table_digest
+
     per = []
     for name in datasets:
+        table = verify_table_digest(layout.corpus(name))  # prompt_len and split as merged_corpus wrote them
+        if not table.ok:
+            raise ValueError(table.problem(layout.corpus(name), f"merged_corpus[{name}]"))
         corpus = pl.read_parquet(layout.corpus(name), columns=["input_ids", "prompt_len", "split"])
         ev = corpus.filter(pl.col("split") == "eval")
         per.append([ids[:n] for ids, n in zip(ev["input_ids"].to_list(), ev["prompt_len"].to_list())])
@@ -55,13 +61,13 @@ def evaluate_drafter(model_dir: Path, out_dir: Path, prompts: list[list[int]], r
     """Acceptance of the exported drafter (loaded from its files alone, under ``out_dir``) and of
     an untrained one; decoding stops on ``stop_ids`` (the target's eos ids and end of turn:
     ``TargetSpec.stop_token_ids``)."""
-    from eagle3_assets.drafter.export_review import export_fingerprint
+    from eagle3_assets.drafter.export_review import evaluated_export_dir
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate, untrained_baseline
     from eagle3_assets.drafter.target_weights import read_target_embeddings
     from eagle3_assets.target.loading import load_causal_lm
 
     target = load_causal_lm(model_dir)
-    fingerprint = export_fingerprint(out_dir)  # of the files loaded here, so eval.json names what it measured
+    exports = checked_exports(out_dir, recipe)  # what the trainer wrote, checked before it is loaded
     drafter = load_export(out_dir, read_target_embeddings(model_dir)).float().eval()
     stop = list(stop_ids)
     ev = recipe.evaluation
@@ -74,5 +80,27 @@ def evaluate_drafter(model_dir: Path, out_dir: Path, prompts: list[list[int]], r
                      "per_position_rate": list(rep.per_position_rate), "verify_steps": rep.verify_steps,
                      "matches_greedy": bool(rep.matches_greedy)}
     out.update(prompts=len(prompts), k=k, max_new_tokens=n, floor=ev.acceptance_floor, margin=ev.acceptance_margin,
-               stop_ids=stop, evaluated_export=fingerprint)
+               stop_ids=stop, evaluated=evaluated_export_dir(out_dir).name, exports=exports)
     return out
+
+
+class ExportDigestError(ValueError):
+    """An export is not the files the trainer wrote."""
+
+
+def checked_exports(out_dir: Path, recipe) -> dict:
+    """The fingerprints of every export of ``recipe`` under ``out_dir`` (what eval.json records),
+    first checked against those the trainer recorded in ``result.json`` as it wrote them."""
+    import json
+
+    from eagle3_assets.drafter.export_fingerprint import fingerprint_problems, fingerprints
+
+    out_dir, engines = Path(out_dir), recipe.shape.engines
+    written = json.loads((out_dir / "result.json").read_text()).get("exports") if (out_dir / "result.json").exists() \
+        else None
+    if written is not None:
+        problems = fingerprint_problems(written, out_dir, engines, by="result.json (the trainer, as it wrote them)",
+                                        fix=f"re-materialize drafter_checkpoint[{recipe.name}]")
+        if problems:
+            raise ExportDigestError("; ".join(problems))
+    return fingerprints(out_dir, engines)

@@ -56,26 +56,10 @@ def evaluated_export_dir(drafter_dir: Path) -> Path:
     return drafter_dir / ("sglang" if (drafter_dir / "sglang" / "config.json").exists() else "vllm")
 
 
-def export_fingerprint(drafter_dir: Path) -> dict:
-    """What ``eval.json`` records of the export it measured: which one and the sha256 of its files,
-    so the acceptance check can tell an evaluation of these files from one of files since replaced."""
-    from eagle3_assets.hidden_states.encoding import sha256_file
+def evaluation_link_problems(ev: dict, drafter_dir: Path, engines, recipe: str) -> list[str]:
+    """The exports ``ev`` (eval.json) measured against the files under ``drafter_dir`` now, every one of
+    ``engines``: an export changed since, or one eval.json holds no fingerprint of, is a problem."""
+    from eagle3_assets.drafter.export_fingerprint import fingerprint_problems
 
-    d = evaluated_export_dir(drafter_dir)
-    return {"export": d.name, **{name: sha256_file(d / name) for name in ("config.json", "model.safetensors")
-                                 if (d / name).exists()}}
-
-
-def evaluation_link_problems(ev: dict, drafter_dir: Path) -> tuple[list[str], str]:
-    """(problems, note): the export ``ev`` (eval.json) measured against the files there now. An
-    eval.json from before fingerprints gives a note, not a problem: it cannot be linked."""
-    recorded = ev.get("evaluated_export")
-    if not recorded:
-        return [], ("eval.json records no fingerprint of the export it measured (written before they were): "
-                    "its link to these files is not checked")
-    now = export_fingerprint(drafter_dir)
-    changed = sorted(k for k in {*recorded, *now} - {"export"} if recorded.get(k) != now.get(k))
-    if recorded.get("export") != now["export"] or changed:
-        return [f"eval.json measured other files than the {now['export']} export holds now "
-                f"({', '.join(changed) or 'another export'} changed since): re-materialize the drafter"], ""
-    return [], ""
+    return fingerprint_problems(ev.get("exports"), drafter_dir, engines, by="eval.json",
+                                fix=f"re-materialize drafter_checkpoint[{recipe}]")

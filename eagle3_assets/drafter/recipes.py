@@ -23,14 +23,15 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from eagle3_assets.drafter.training.config import DraftShape, EvalSettings, TrainSettings
+from eagle3_assets.errors import UserInputError
 from eagle3_assets.paths import BUNDLED, DATASET_NAME, DataLayout
 
 SECTIONS = {"shape": DraftShape, "training": TrainSettings, "evaluation": EvalSettings}
 RECIPE_KEYS = ("datasets", "description", "name")
 
 
-class RecipeError(ValueError):
-    """A recipe file that cannot be used; the message names the file and the field."""
+class RecipeError(UserInputError):
+    """A recipe file that cannot be used (or no such recipe); the message names the file and the field."""
 
 
 @dataclass(frozen=True)

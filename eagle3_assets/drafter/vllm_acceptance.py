@@ -38,6 +38,11 @@ def measure_recipe(recipe_name: str, *, python: str | None = None, layout=None, 
         raise FileNotFoundError(f"{out}: no trained drafter (eval.json and {engine}/): "
                                 f"materialize drafter_checkpoint[{recipe.name}]")
     ev = json.loads(ev_path.read_text())
+    from eagle3_assets.drafter.export_review import evaluation_link_problems
+
+    changed = evaluation_link_problems(ev, out, [engine], recipe.name)  # the export served is the one measured
+    if changed:
+        raise ValueError("; ".join(changed))
     trained_on = json.loads((out / "job.json").read_text()).get("target", {}).get("model_dir")
     model_dir = Path(trained_on or resolve_model_dir("", layout.models_dir))
     prompts = eval_prompts(layout, recipe.datasets, recipe.evaluation.eval_samples)

@@ -95,8 +95,8 @@ class ResponseStore:
                 os.fsync(fh.fileno())
         return torn
 
-    def iter_rows(self, sources: Iterable[str] | None = None) -> Iterator[dict]:
-        """Complete rows of the given sources (all by default); a torn last line is ignored."""
+    def iter_lines(self, sources: Iterable[str] | None = None) -> Iterator[tuple[Path, int, bytes]]:
+        """(file, line number, line) of every complete, non-blank line of the given sources."""
         files = [self.path(s) for s in sources] if sources else self.source_files()
         for p in files:
             if not p.exists():
@@ -105,15 +105,24 @@ class ResponseStore:
             with p.open("rb") as fh:
                 data = fh.read(keep)
             for line_no, raw in enumerate(data.splitlines(), start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    row = json.loads(raw)
-                except json.JSONDecodeError as e:
-                    raise CorruptResponseFile(f"{p}, line {line_no}: not valid JSON ({e.msg})") from None
-                if not isinstance(row, dict) or "sample_id" not in row:
-                    raise CorruptResponseFile(f"{p}, line {line_no}, field 'sample_id': missing")
-                yield row
+                if raw.strip():
+                    yield p, line_no, raw
+
+    def iter_rows_with_lines(self, sources: Iterable[str] | None = None) -> Iterator[tuple[dict, bytes]]:
+        """Each complete row with the line it was read from (what a row built from it digests)."""
+        for p, line_no, raw in self.iter_lines(sources):
+            try:
+                row = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise CorruptResponseFile(f"{p}, line {line_no}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict) or "sample_id" not in row:
+                raise CorruptResponseFile(f"{p}, line {line_no}, field 'sample_id': missing")
+            yield row, raw
+
+    def iter_rows(self, sources: Iterable[str] | None = None) -> Iterator[dict]:
+        """Complete rows of the given sources (all by default); a torn last line is ignored."""
+        for row, _ in self.iter_rows_with_lines(sources):
+            yield row
 
     def rows(self, sources: Iterable[str] | None = None) -> list[dict]:
         return list(self.iter_rows(sources))

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import polars as pl
 
-from eagle3_assets.hidden_states.encoding import dequantize_fp8, sha256_file
+from eagle3_assets.hidden_states.encoding import sha256_file
+from eagle3_assets.hidden_states.shard_check import VerifyReport, check_shard
 from eagle3_assets.hidden_states.shards import INDEX, MANIFEST, SHARD_RE, ShardWriter
 from eagle3_assets.hidden_states.sizing import check_dtype, estimate_bytes, preflight
 from eagle3_assets.hidden_states.staging import StagedBatch, stage
@@ -62,7 +63,10 @@ def load_corpus(corpus_parquet: Path | str) -> pl.DataFrame:
     frame = pl.read_parquet(corpus_parquet, columns=list(CORPUS_COLUMNS))
     dup = frame.height - frame["sample_id"].n_unique()
     if dup:
-        raise ValueError(f"{corpus_parquet}: {dup} duplicate sample ids; the merged corpus must be unique")
+        twice = frame.group_by("sample_id").len().filter(pl.col("len") > 1).sort("sample_id")
+        shown = ", ".join(f"{sid} x{n}" for sid, n in twice.head(5).iter_rows())
+        raise ValueError(f"{corpus_parquet}: {dup} duplicate sample rows ({shown}{', ...' if twice.height > 5 else ''}); "
+                         "the merged corpus must be unique: re-materialize merged_corpus")
     return frame
 
 
@@ -248,86 +252,15 @@ def extract_corpus(
 
 # ---- verification ---------------------------------------------------------------------------
 
-@dataclass
-class VerifyReport:
-    ok: bool = True
-    problems: list[str] = field(default_factory=list)
-    corpus_samples: int = 0
-    stored_samples: int = 0
-    quarantined: int = 0
-    tokens: int = 0
-    shards: int = 0
-    bytes: int = 0
-
-    def fail(self, msg: str) -> None:
-        self.ok = False
-        if len(self.problems) < 100:
-            self.problems.append(msg)
-
-
-def _check_shard(path: Path, entry: dict, rows: pl.DataFrame, corpus: pl.DataFrame, manifest: dict,
-                 report: VerifyReport, chunk_tokens: int) -> None:
-    import numpy as np
-    import torch
-    from safetensors import safe_open
-
-    name = entry["file"]
-    if not path.exists():
-        return report.fail(f"{name}: listed in the manifest but missing")
-    if path.stat().st_size != entry["bytes"]:
-        return report.fail(f"{name}: {path.stat().st_size} bytes on disk, manifest says {entry['bytes']}")
-    if sha256_file(path) != entry["sha256"]:
-        return report.fail(f"{name}: sha256 does not match the manifest")
-    h, w = manifest["hidden_size"], manifest["aux_width"]
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        ids = json.loads(meta.get("sample_ids", "[]"))
-        rows = rows.sort("sample_pos")
-        if ids != rows["sample_id"].to_list():
-            return report.fail(f"{name}: sample ids in the shard differ from the index")
-        n = entry["tokens"]
-        expect = {"input_ids": [n], "loss_mask": [n], "aux_hidden": [n, w], "last_hidden": [n, h],
-                  "offsets": [len(ids) + 1]}
-        if manifest["dtype"] == "fp8":
-            expect.update(aux_scale=[n], last_scale=[n])
-        for key, shape in expect.items():
-            if key not in f.keys():
-                return report.fail(f"{name}: tensor {key} missing")
-            sl = f.get_slice(key)
-            if list(sl.get_shape()) != shape:
-                return report.fail(f"{name}: {key} has shape {sl.get_shape()}, expected {shape}")
-            want = manifest["storage_dtypes"][key]
-            got = str(f.get_slice(key)[0:1].dtype).removeprefix("torch.")
-            if got != want:
-                return report.fail(f"{name}: {key} is {got}, manifest says {want}")
-        offsets = f.get_tensor("offsets").tolist()
-        lengths = rows["length"].to_list()
-        if offsets[:-1] != rows["offset"].to_list() or offsets[-1] != n or \
-                [b - a for a, b in zip(offsets, offsets[1:])] != lengths:
-            return report.fail(f"{name}: offsets disagree with the index")
-        exp = rows.select("sample_id", "sample_pos").join(corpus, on="sample_id", how="left").sort("sample_pos")
-        exp_ids = np.asarray(exp["input_ids"].explode().to_numpy(), dtype=np.int64)
-        exp_mask = np.asarray(exp["loss_mask"].explode().to_numpy(), dtype=np.int64)
-        if len(exp_ids) != n or not np.array_equal(f.get_tensor("input_ids").numpy().astype(np.int64), exp_ids):
-            return report.fail(f"{name}: input_ids differ from the corpus")
-        if len(exp_mask) != n or not np.array_equal(f.get_tensor("loss_mask").numpy().astype(np.int64), exp_mask):
-            return report.fail(f"{name}: loss_mask differs from the corpus")
-        for a in range(0, n, chunk_tokens):
-            b = min(n, a + chunk_tokens)
-            for key in ("aux", "last"):
-                x = f.get_slice(f"{key}_hidden")[a:b]
-                if manifest["dtype"] == "fp8":
-                    x = dequantize_fp8(x, f.get_slice(f"{key}_scale")[a:b])
-                if not bool(torch.isfinite(x).all()):
-                    return report.fail(f"{name}: non-finite {key} values in tokens {a}..{b}")
-    report.tokens += n
-
-
 def verify_shards(out_dir: Path | str, corpus_parquet: Path | str, *, chunk_tokens: int = 1 << 15) -> VerifyReport:
     """Integrity of a finished extraction against its corpus; ``report.ok`` and ``report.problems``."""
     out_dir = Path(out_dir)
     report = VerifyReport()
-    corpus = load_corpus(corpus_parquet)
+    try:
+        corpus = load_corpus(corpus_parquet)
+    except (OSError, ValueError) as exc:  # a corpus that cannot be judged against fails the check, it does not crash it
+        report.fail(f"the corpus cannot be compared with: {exc}")
+        return report
     report.corpus_samples = corpus.height
     if not (out_dir / MANIFEST).exists():
         report.fail(f"{out_dir / MANIFEST} is missing")
@@ -377,7 +310,7 @@ def verify_shards(out_dir: Path | str, corpus_parquet: Path | str, *, chunk_toke
             report.fail(f"{entry['file']}: index holds {0 if rows is None else rows.height} samples, "
                         f"manifest says {entry['n_samples']}")
             continue
-        _check_shard(out_dir / entry["file"], entry, rows, corpus, manifest, report, chunk_tokens)
+        check_shard(out_dir / entry["file"], entry, rows, corpus, manifest, report, chunk_tokens)
     if report.ok and (report.tokens != manifest["num_tokens"] or report.stored_samples != manifest["num_samples"]):
         report.fail(f"manifest counts {manifest['num_samples']} samples / {manifest['num_tokens']} tokens, "
                     f"shards hold {report.stored_samples} / {report.tokens}")

@@ -16,6 +16,7 @@ from eagle3_assets.metadata import md_table
 from eagle3_assets.partitions import datasets_partitions
 from eagle3_assets.prompts.table import read_prompt_table
 from eagle3_assets.resources import StorageResource, TargetResource
+from eagle3_assets.tokens.digest import RESPONSE_DIGEST_COLUMN, response_digest
 from eagle3_assets.tokens.rows import build_token_row
 from eagle3_assets.tokens.table import agreement_summary, write_token_table
 
@@ -44,10 +45,11 @@ def token_ids(context: dg.AssetExecutionContext, config: TokenIdsConfig, storage
     prompts = {p.prompt_id: p for p in read_prompt_table(layout.prompt_table(dataset))}
     max_length = config.max_length or None  # None: the model's context
     rows = []
-    for r in ResponseStore(layout.responses_dir(dataset)).iter_rows():
+    for r, line in ResponseStore(layout.responses_dir(dataset)).iter_rows_with_lines():
         p = prompts.get(r["prompt_id"])
-        rows.append(build_token_row(r, p.messages if p else None, tok, tools=p.tools if p else None,
-                                    max_length=max_length, truncate=config.truncate))
+        rows.append({**build_token_row(r, p.messages if p else None, tok, tools=p.tools if p else None,
+                                       max_length=max_length, truncate=config.truncate),
+                     RESPONSE_DIGEST_COLUMN: response_digest(line)})  # a reply edited later shows this row stale
     out = layout.tokens(dataset)
     frame = write_token_table(rows, out)
     agree = agreement_summary(frame)

@@ -34,6 +34,9 @@ def special_token_result(tok, con, path: str) -> dg.AssetCheckResult:
     specials = sorted(tok.special_ids)
     turn_end = tok.template_turn_end()
     total = con.execute("SELECT count(*) FROM read_parquet(?)", [path]).fetchone()[0]
+    ended = dict(con.execute("SELECT coalesce(finish_reason, 'none'), count(*) FROM read_parquet(?) GROUP BY ALL",
+                             [path]).fetchall())
+    stopped = ended.pop("stop", 0)
     wrong_end = query_rows(con, """
         SELECT dataset, sample_id, source, input_ids[len(input_ids)] AS last_id FROM read_parquet(?)
         WHERE finish_reason = 'stop' AND (len(input_ids) = 0 OR input_ids[len(input_ids)] <> ?)""",
@@ -77,7 +80,7 @@ def special_token_result(tok, con, path: str) -> dg.AssetCheckResult:
     offending += [dict(r, problem="special id in text") for r in special_in_text[:SAMPLE]]
     offending += [dict(r, problem="literal special string") for r in literal_rows[:SAMPLE]]
     metadata = {
-        "rows": total, "end_of_turn": eot, "end_of_turn_id": eot_id, "decoded": decoded,
+        "rows": total, "stopped_rows": stopped, "end_of_turn": eot, "end_of_turn_id": eot_id, "decoded": decoded,
         "template_turn_end": "unknown" if turn_end is None else f"{turn_end[0]} = {turn_end[1]}",
         "vocab_size": tok.vocab_size, "wrong_end": len(wrong_end), "out_of_range": len(out_of_range),
         "special_in_text": len(special_in_text), "literal_special_rows": len(literal_rows),
@@ -89,9 +92,17 @@ def special_token_result(tok, con, path: str) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         passed=not problems,
         description="; ".join(problems + ([warning] if warning else []))
-        or f"{total} rows end their turns with {eot!r} = {eot_id}",
+        or f"{stopped} stopped turns end with {eot!r} = {eot_id}" + _not_stopped(ended),
         metadata=metadata,
     )
+
+
+def _not_stopped(ended: dict) -> str:
+    """The rows a pass does not vouch for: those that did not stop (cut by length) end where they were cut."""
+    if not ended:
+        return ""
+    why = ", ".join(f"{n} {'cut by length' if r == 'length' else f'ended by {r!r}'}" for r, n in sorted(ended.items()))
+    return f"; {sum(ended.values())} rows did not stop ({why}) and need not end with it"
 
 
 @dg.asset_check(asset=token_ids, blocking=True, partitions_def=datasets_partitions, pool="duckdb",
@@ -177,30 +188,61 @@ def _tool_call_line(calls: dict) -> str:
 
 
 @dg.asset_check(asset=token_ids, blocking=True, partitions_def=datasets_partitions,
-                description="Every row's ids and loss mask are the ones token_ids wrote: its stored row_digest "
-                            "recomputed over the Parquet file (an id edited afterwards fails, named by dataset and "
-                            "sample id). A table written before digests has none: the check says so as a warning.")
+                description="The table is the one token_ids wrote: every row's ids and loss mask match its stored "
+                            "row_digest (an edit fails, named by dataset and sample id); the file's table digest "
+                            "matches (a row deleted, duplicated or moved, or any column edited, prompt_len among them, "
+                            "fails); every row's reply is still in the response files as it was built from (an edited "
+                            "reply shows its row stale). A file without its digests fails, naming what to re-materialize.")
 def token_rows_intact(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
-    return token_digest_result(storage.layout.tokens(context.partition_key))
+    dataset = context.partition_key
+    return token_digest_result(storage.layout.tokens(dataset), storage.layout.responses_dir(dataset),
+                               writer=f"token_ids[{dataset}]")
 
 
-def token_digest_result(path) -> dg.AssetCheckResult:
-    """The body of ``token_rows_intact`` for the token (or corpus) file at ``path``."""
-    from eagle3_assets.tokens.digest import DIGEST_COLUMN, verify_token_table
+def token_digest_result(path, responses_dir=None, writer: str = "token_ids") -> dg.AssetCheckResult:
+    """The body of ``token_rows_intact`` for the token file at ``path``; its replies' staleness is
+    judged against the response files under ``responses_dir`` when given."""
+    from eagle3_assets.generation.response_store import ResponseStore
+    from eagle3_assets.tokens.digest import (
+        DIGEST_COLUMN,
+        RESPONSE_DIGEST_COLUMN,
+        stale_rows,
+        verify_table_digest,
+        verify_token_table,
+    )
 
-    report = verify_token_table(path)
-    meta = {"rows": report.rows, "mismatched": report.mismatched, "path": dg.MetadataValue.path(str(path)),
-            "offending_rows": md_table(report.first)}
+    report, table = verify_token_table(path), verify_table_digest(path)
+    stale = None
+    if responses_dir is not None:
+        stale = stale_rows(path, (line for _, _, line in ResponseStore(responses_dir).iter_lines()))
+    problems = []
     if not report.has_digest:
-        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=meta, description=(
-            f"{path} has no {DIGEST_COLUMN} column (written before rows carried digests): an id edited after it was "
-            f"written cannot be detected in its {report.rows:,} rows; re-materialize token_ids to add them"))
+        problems.append(f"{path} has no {DIGEST_COLUMN} column (written before rows carried digests): an id edited after "
+                        f"it was written cannot be detected in its {report.rows:,} rows; re-materialize {writer}")
     if report.mismatched:
-        return dg.AssetCheckResult(passed=False, metadata=meta, description=(
-            f"{report.mismatched:,} of {report.rows:,} rows hold ids or a loss mask other than token_ids wrote "
-            f"(their {DIGEST_COLUMN} differs): {report.names()}"))
-    return dg.AssetCheckResult(passed=True, metadata=meta,
-                               description=f"all {report.rows:,} rows match the digest written with them")
+        problems.append(f"{report.mismatched:,} of {report.rows:,} rows hold ids or a loss mask other than token_ids "
+                        f"wrote (their {DIGEST_COLUMN} differs): {report.names()}")
+    if not table.ok:
+        problems.append(table.problem(path, writer))
+    if stale is not None and not stale.has_column:
+        problems.append(f"{path} has no {RESPONSE_DIGEST_COLUMN} column (written before rows carried one): a reply "
+                        f"edited in {responses_dir} after its row was built cannot be detected; re-materialize {writer}")
+    elif stale is not None and stale.unrecorded:
+        problems.append(f"{stale.unrecorded:,} rows carry no {RESPONSE_DIGEST_COLUMN}: re-materialize {writer}")
+    if stale is not None and stale.stale:
+        problems.append(f"{stale.stale:,} of {stale.rows:,} rows are stale: their reply in {responses_dir} was edited "
+                        f"or removed after token_ids built them ({stale.names()}); re-materialize {writer}")
+    meta = {"rows": report.rows, "mismatched": report.mismatched, "path": dg.MetadataValue.path(str(path)),
+            "table_digest": "matches" if table.ok else "none" if table.recorded is None else "differs",
+            "columns_changed": ", ".join(table.changed) or "none",
+            "stale_rows": None if stale is None else stale.stale,
+            "offending_rows": md_table(report.first + ([] if stale is None else [dict(r, problem="stale reply")
+                                                                                for r in stale.first]))}
+    if problems:
+        return dg.AssetCheckResult(passed=False, metadata=meta, description="; ".join(problems))
+    replies = "" if stale is None else ", every reply as it was built from"
+    return dg.AssetCheckResult(passed=True, metadata=meta, description=(
+        f"all {report.rows:,} rows match the digest written with them, the file its table digest{replies}"))
 
 
 TOKEN_CHECKS = [special_tokens_valid, reconstruction_consistency, token_rows_intact]

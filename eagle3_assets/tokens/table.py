@@ -6,8 +6,7 @@ from pathlib import Path
 
 import polars as pl
 
-from eagle3_assets.files import write_parquet_atomic
-from eagle3_assets.tokens.digest import DIGEST_COLUMN, row_digest
+from eagle3_assets.tokens.digest import DIGEST_COLUMN, RESPONSE_DIGEST_COLUMN, row_digest, write_digested_parquet
 
 TOKEN_SCHEMA = {
     "sample_id": pl.Utf8, "dataset": pl.Utf8, "prompt_id": pl.Utf8, "sample_index": pl.Int32,
@@ -18,6 +17,7 @@ TOKEN_SCHEMA = {
     "native_ids": pl.Boolean, "built_from": pl.Utf8, "build_notes": pl.Utf8,
     "retok_matched": pl.Int32, "retok_total": pl.Int32, "retok_exact": pl.Boolean, "retok_diff": pl.Utf8,
     DIGEST_COLUMN: pl.Utf8,  # of input_ids + loss_mask, written here: ``token_rows_intact`` recomputes it
+    RESPONSE_DIGEST_COLUMN: pl.Utf8,  # of the reply line the row was built from (``token_ids`` sets it)
 }
 
 
@@ -44,8 +44,9 @@ def agreement_summary(frame: pl.DataFrame) -> dict:
 
 
 def write_token_table(rows: list[dict], path: Path) -> pl.DataFrame:
-    """Write token rows atomically, each with the digest of its ids and mask; returns the frame written."""
+    """Write token rows atomically, each with the digest of its ids and mask, the file with its table
+    digest (``tokens/digest.py``); returns the frame written."""
     rows = [{**r, DIGEST_COLUMN: row_digest(r["input_ids"], r["loss_mask"])} for r in rows]
     frame = pl.DataFrame(rows, schema=TOKEN_SCHEMA) if rows else pl.DataFrame(schema=TOKEN_SCHEMA)
-    write_parquet_atomic(frame, path)
+    write_digested_parquet(frame, path)
     return frame

@@ -16,7 +16,7 @@ import sys
 from eagle3_assets.drafter.training.acceptance import estimate_line
 from eagle3_assets.drafter.training.config import TrainJob
 from eagle3_assets.drafter.training.distributed import close_distributed
-from eagle3_assets.drafter.training.job import MemoryPlanError, run_job
+from eagle3_assets.drafter.training.job import MemoryPlanError, ShardDigestError, run_job
 from eagle3_assets.drafter.training.stream import StreamFailed
 from eagle3_assets.files import DiskFull, InsufficientDiskSpace
 from eagle3_assets.hidden_states.spool.preflight import CapTooSmall
@@ -44,9 +44,11 @@ def _run(job: TrainJob, args, pipes) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     # rank 0 reports; a memory plan that does not fit is refused before any weight was built, a stream's cap
-    # that cannot work before any plan is written; a full disk and a stream that cannot go on are one line too
+    # that cannot work before any plan is written, a shard that is not what extraction wrote before any row
+    # of it was read; a full disk and a stream that cannot go on are one line too
     return run_job_main(TrainJob, _run, argv, reports=lambda job: int(os.environ.get("RANK", "0")) == 0,
-                        refused=(MemoryPlanError, CapTooSmall, InsufficientDiskSpace, DiskFull, StreamFailed),
+                        refused=(MemoryPlanError, ShardDigestError, CapTooSmall, InsufficientDiskSpace, DiskFull,
+                                 StreamFailed),
                         cleanup=close_distributed,
                         description="Train an EAGLE-3 drafter on hidden-state shards.")
 

@@ -75,6 +75,18 @@ class ShardDataset(Dataset):
     def manifests(self) -> dict[str, dict]:
         return {name: r.manifest for name, r in zip(self.names, self.readers)}
 
+    def verify_files(self, rank: int = 0, world: int = 1, threads: int = 4) -> tuple[list[str], int]:
+        """This rank's share (every ``world``-th shard of every directory) checked against the
+        sha256 and size its manifest records, before any row of it is read: (problems, bytes)."""
+        from eagle3_assets.hidden_states.shard_check import shard_file_problems
+
+        problems, read = [], 0
+        for name, reader in zip(self.names, self.readers):
+            found, n = shard_file_problems(name, reader.manifest, part=rank, parts=world, threads=threads)
+            problems += [f"{p}: re-materialize hidden_states[{Path(name).name}]" for p in found]
+            read += n
+        return problems, read
+
     def __len__(self) -> int:
         return len(self.entries)
 

@@ -26,6 +26,17 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def gather_lists(items: list) -> list:
+    """Every rank's ``items`` joined, in rank order, on every rank (``items`` itself alone)."""
+    import torch.distributed as dist
+
+    if dist_info()[1] <= 1:
+        return list(items)
+    gathered: list = [None] * dist_info()[1]
+    dist.all_gather_object(gathered, list(items))
+    return [x for part in gathered for x in part]
+
+
 def barrier() -> None:
     import torch.distributed as dist
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from eagle3_assets.drafter.export_fingerprint import fingerprints
 from eagle3_assets.drafter.model import DrafterConfig, build_drafter
 from eagle3_assets.drafter.target_weights import (
     read_target_embeddings,
@@ -25,7 +26,7 @@ from eagle3_assets.drafter.target_weights import (
 from eagle3_assets.drafter.training.acceptance import estimate_line, estimate_summary
 from eagle3_assets.drafter.training.config import TrainJob
 from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset, eval_split
-from eagle3_assets.drafter.training.distributed import barrier, dist_info, init_distributed
+from eagle3_assets.drafter.training.distributed import barrier, dist_info, gather_lists, init_distributed
 from eagle3_assets.drafter.training.loop import Trainer
 from eagle3_assets.drafter.training.memory_plan import GiB, MemoryEstimate, plan_for_run, refusal
 from eagle3_assets.drafter.training.teacher import Teacher
@@ -75,12 +76,32 @@ class MemoryPlanError(ValueError):
     """The recipe's step does not fit the device, in any layout the plan knows."""
 
 
+class ShardDigestError(ValueError):
+    """A shard the run would train on is not what extraction wrote (missing, resized, other bytes)."""
+
+
+def verify_shards_read_back(dataset: ShardDataset, rank: int, world: int) -> None:
+    """Every shard checked against its manifest's sha256 before training reads a row: the ranks
+    share the hashing, and every rank refuses with all of what they found."""
+    t0 = time.perf_counter()
+    mine, read = dataset.verify_files(rank, world, threads=min(8, os.cpu_count() or 1))
+    problems = gather_lists(mine)
+    if problems:
+        more = f" and {len(problems) - 5} more" if len(problems) > 5 else ""
+        raise ShardDigestError(f"{len(problems)} shard(s) differ from their manifest: {'; '.join(problems[:5])}{more}")
+    if rank == 0:
+        print(f"eagle3: shards checked against their manifests' sha256 ({read / 2**30:.2f} GiB on rank 0 in "
+              f"{time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+
+
 def memory_plan(job: TrainJob, dcfg: DrafterConfig, device: torch.device, world: int, dtype: torch.dtype) -> MemoryEstimate:
     """The step's memory layout and estimate for this rank's device; refuses one that cannot fit."""
     plan = plan_for_run(dcfg, job.training, job.runtime, device, world_size=world,
                         compute_bytes=torch.finfo(dtype).bits // 8)
     if not plan.fits():
-        raise MemoryPlanError(refusal(plan, max_length=job.training.max_length))
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or world  # torchrun's processes on this node
+        raise MemoryPlanError(refusal(plan, max_length=job.training.max_length, batch_size=job.training.batch_size,
+                                      world_size=world, per_node=per_node))
     return plan
 
 
@@ -127,6 +148,7 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
                                             out_dir=out_dir)
     else:
         dataset = ShardDataset(job.datasets, max_length=s.max_length, seed=s.seed)
+        verify_shards_read_back(dataset, rank, world)
     dcfg = drafter_config(job, dataset, target)
     counts = dataset.token_counts(dcfg.vocab_size)
     if rank == 0:
@@ -205,6 +227,7 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
         if e.vllm and "vllm" in job.shape.engines:
             summary["vllm_dir"] = str(export_vllm(model, out_dir / "vllm", dtype=e.dtype, verifier=str(target.model_dir),
                                                   speculative_tokens=e.speculative_k))
+        summary["exports"] = fingerprints(out_dir, job.shape.engines)  # every file as written, for reading back
     if rank == 0:
         write_text_atomic(out_dir / "result.json", json.dumps(summary, indent=2))
     barrier()

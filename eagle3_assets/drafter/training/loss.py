@@ -20,13 +20,14 @@ from eagle3_assets.drafter.training.teacher import position_terms
 SUMMED = ("kl", "tv", "nla", "agree")
 
 
-def _chunk_sums(head, rows, teacher_logits, target_ids, d2t, need) -> tuple[torch.Tensor, ...]:
-    """Summed terms and agreements of draft rows ``rows`` [n, H] against the teacher rows given."""
+def _chunk_sums(head, rows, teacher_logits, at, target_ids, d2t, need) -> tuple[torch.Tensor, ...]:
+    """Summed terms and agreements of draft rows ``rows`` [n, H] against the teacher's rows ``at``
+    (gathered here, so a chunk kept for its recomputation holds the index, not a copy of the rows)."""
     logits = head(rows)
-    terms = position_terms(teacher_logits.float().softmax(-1), logits, need)
+    terms = position_terms(teacher_logits[at].float().softmax(-1), logits, need)
     with torch.no_grad():
         pred = logits.argmax(-1)
-        agree = ((pred + d2t[pred]) == target_ids).float().sum()
+        agree = ((pred + d2t[pred]) == target_ids[at]).float().sum()
     return (*(terms[k].sum() for k in SUMMED[:3]), agree)
 
 
@@ -49,7 +50,7 @@ def chunked_step_terms(head, hiddens: list[torch.Tensor], packed, teacher_logits
         recompute = size < n and torch.is_grad_enabled()
         sums = None
         for a in range(0, max(n, 1), max(size, 1)):
-            args = (head, hidden[a:a + size], teacher_logits[at[a:a + size]], target_ids[at[a:a + size]], d2t, need)
+            args = (head, hidden[a:a + size], teacher_logits, at[a:a + size], target_ids, d2t, need)
             part = (recompute_in_backward(_chunk_sums, *args, use_reentrant=False, preserve_rng_state=False)
                     if recompute else _chunk_sums(*args))
             sums = part if sums is None else tuple(x + y for x, y in zip(sums, part))

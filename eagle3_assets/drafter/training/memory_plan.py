@@ -79,23 +79,28 @@ def attention_kernel(cfg, device_type: str) -> str:
 def _attention_bytes(cfg, s: int, c: int, kernel: str) -> int:
     """What one step's attention keeps per token, linear in tokens: queries, the keys and values
     of steps 0..s side by side, the output (per sample, and re-laid for o_proj), softmax
-    statistics; the math kernel keeps scaled copies of q and k instead (its scores are in
-    ``_attention_square_bytes``)."""
+    statistics, and under bf16 autocast each projection's own copy of the 2H input; the math
+    kernel keeps scaled copies of q and k instead (its scores are in ``_sample_square_bytes``)."""
     memory = _kind_memory(cfg)
     if memory is not None:
         return memory.step_bytes(cfg, s, c, kernel)
     heads = cfg.num_attention_heads
     q = heads * cfg.head_dim
-    return (2 * s + 5) * q * c + heads * 4 + 2 * cfg.head_dim * c
+    inputs = 3 * 2 * cfg.hidden_size * 2 if c == 2 else 0  # q, k and v each keep their own bf16 copy of the 2H input
+    return (2 * s + 5) * q * c + heads * 4 + 2 * cfg.head_dim * c + inputs
 
 
-def _attention_square_bytes(cfg, s: int, c: int, kernel: str) -> int:
-    """Per (token x sample length) of one step: the math kernel's scores (heads x (s+1) keys);
-    the fused kernels' additive mask made from the boolean TTT mask ((s+1) keys, steps >= 1),
-    plus the boolean mask itself, cached per sample length."""
-    if kernel == "math":
-        return cfg.num_attention_heads * (s + 1) * 4
-    return (s + 1) * c if s else 0
+def _sample_square_bytes(cfg, s: int, kernel: str) -> int:
+    """Per (token x sample length) of one step, for each sample: the math kernel's float32
+    scores (heads x (s+1) keys); the fused kernels keep none."""
+    return cfg.num_attention_heads * (s + 1) * 4 if kernel == "math" else 0
+
+
+def _call_square_bytes(s: int, c: int, kernel: str) -> int:
+    """Per (token x sample length) of one step, for each attention call: the fused kernels'
+    additive mask made from the boolean TTT mask ((s+1) keys, steps >= 1). Samples of one
+    length side by side are one call (``PackedTTTContext.groups``), so they share it."""
+    return (s + 1) * c if s and kernel != "math" else 0
 
 
 def _mask_cache_bytes(s: int) -> int:
@@ -104,12 +109,15 @@ def _mask_cache_bytes(s: int) -> int:
 
 
 def _layer_bytes(cfg, s: int, c: int, kernel: str = "fused", e: int = 4) -> int:
-    """One TTT step's decoder layer per token (fp32: 9 H-wide tensors; bf16: 3 float32 norm
-    inputs, the norms' outputs in their input's dtype (the embedding's is ``e`` bytes), the
-    bf16 inputs of q/k/v (2H) and of the MLP), the MLP's 4 I-wide tensors."""
+    """One TTT step's decoder layer per token: the three norms' outputs (in their input's dtype;
+    the embedding's is ``e`` bytes), the float32 inputs and rsqrt of the two norms on the hidden
+    stream (the frozen embedding's norm keeps neither: nothing of it needs a gradient), the 2H
+    concatenation (fp32; under bf16 autocast each projection reading it keeps its own copy,
+    counted as the attention's), the MLP's input (bf16: the gate's and the up projection's
+    copies) and its 4 I-wide tensors."""
     h, i = cfg.hidden_size, cfg.intermediate_size
-    hidden = 9 * h * c if c == 4 else 3 * h * 4 + (e + 2 + 2) * h + 2 * h * 2 + h * 2
-    return hidden + 4 * i * c + 3 * 4 + _attention_bytes(cfg, s, c, kernel)
+    hidden = 8 * h * c if c == 4 else 2 * h * 4 + (e + 2 + 2) * h + 2 * h * 2
+    return hidden + 4 * i * c + 2 * 4 + _attention_bytes(cfg, s, c, kernel)
 
 
 def _kept_keys_bytes(cfg, c: int) -> int:
@@ -121,54 +129,89 @@ def _kept_keys_bytes(cfg, c: int) -> int:
     return 2 * cfg.num_attention_heads * cfg.head_dim * c
 
 
-def _loss_row_bytes(cfg, c: int, chunked: bool) -> int:
-    """Per counted row and step: the gathered hidden row, its norm, the head's input, the draft
-    log-softmax and the teacher's probabilities (float32); chunked, only the gathered row."""
+ALPHA_LOSSES = ("tv", "nla", "lk")  # read alpha = sum min(p, q), which keeps q = exp(log q) for backward
+
+
+def _loss_row_bytes(cfg, c: int, chunked: bool, loss: str = "kl") -> int:
+    """Per counted row and step: the int64 index that gathers it; then the row's norm (its float32
+    input, the rsqrt, its output), the head's input, and the float32 [N] blocks: the draft
+    log-softmax and the teacher's probabilities, and for ``tv``, ``nla`` and ``lk`` the draft
+    probabilities alpha reads, with alpha itself. Chunked, the gathered row and the chunk's
+    index into the teacher's rows, which its recomputation reads."""
     h, n = cfg.hidden_size, cfg.draft_vocab_size
     if chunked:
-        return h * c
-    return (3 * h * 4 if c == 4 else h * (2 + 4 + 2)) + 2 * n * 4
+        return 8 + h * c + 8
+    alpha = loss in ALPHA_LOSSES
+    norm = 3 * h * 4 if c == 4 else h * (2 + 4 + 2)
+    return 8 + norm + 4 + (3 if alpha else 2) * n * 4 + (8 if alpha else 0)
+
+
+def _square(lengths) -> int:
+    return sum(n * n for n in lengths)
 
 
 @dataclass(frozen=True)
 class BatchShape:
-    """What the estimate needs of a micro-batch: its real tokens and the longest sample."""
+    """What the estimate needs of a micro-batch: its real tokens and the longest sample; with its
+    lengths known (``of``), the squares its masks and scores take. Left out, each is the most it
+    can be: every sample as long as the longest and of its own length (so no two share a mask)."""
 
     tokens: int
     longest: int
     counted_share: float = 1.0  # rows a TTT step counts / tokens (loss mask x draft vocabulary)
     square: int | None = None  # sum of squared sample lengths (None: tokens x longest, the most it can be)
+    calls_square: int | None = None  # the same over attention calls: a run of equal lengths is one call
+    lengths_square: int | None = None  # the same over distinct lengths: the TTT masks are cached per length
+
+    @classmethod
+    def of(cls, lengths: list[int], counted_share: float = 1.0) -> BatchShape:
+        """The shape of a batch of samples of ``lengths`` in batch order (as the packed batch lays them)."""
+        runs = [n for k, n in enumerate(lengths) if n and (k == 0 or lengths[k - 1] != n)]
+        return cls(sum(lengths), max(lengths, default=0), counted_share, _square(lengths), _square(runs),
+                   _square(set(lengths)))
 
     @property
     def sum_sq(self) -> int:
         return self.tokens * self.longest if self.square is None else self.square
 
+    @property
+    def call_sq(self) -> int:
+        return self.sum_sq if self.calls_square is None else self.calls_square
+
+    @property
+    def length_sq(self) -> int:
+        return self.sum_sq if self.lengths_square is None else self.lengths_square
+
 
 def activation_bytes(cfg, batch: BatchShape, ttt_steps: int, c: int, memory: StepMemory,
-                     kernel: str = "fused", e: int = 4) -> dict[str, int]:
+                     kernel: str = "fused", e: int = 4, loss: str = "kl") -> dict[str, int]:
     """Bytes held through one micro-batch's backward, by part: ``saved`` (autograd's saved
     tensors at the end of the forward), ``mask_cache`` (the boolean TTT masks, alive meanwhile),
     ``recompute`` (one step's layer rebuilt in backward, under checkpointing) and ``loss_chunk``
-    (one chunk's float32 blocks)."""
+    (one chunk's float32 blocks). ``loss``: the recipe's objective (``tv``, ``nla`` and ``lk``
+    keep one more float32 block a row than ``kl``)."""
     t, rows = batch.tokens, batch.tokens * batch.counted_share
     h = cfg.hidden_size
     fc_in = 3 * cfg.target_hidden_size * c
     chunked = memory.loss_chunk_rows > 0
-    loss = sum(rows * _loss_row_bytes(cfg, c, chunked) for _ in range(ttt_steps))
+    held = sum(rows * _loss_row_bytes(cfg, c, chunked, loss) for _ in range(ttt_steps))
+
+    def squares(s: int) -> int:
+        return batch.sum_sq * _sample_square_bytes(cfg, s, kernel) + batch.call_sq * _call_square_bytes(s, c, kernel)
+
     if memory.checkpoint:
         layer = t * ttt_steps * (h * c + _kept_keys_bytes(cfg, c))
-        recompute = max(t * _layer_bytes(cfg, s, c, kernel, e) + batch.sum_sq * _attention_square_bytes(cfg, s, c, kernel)
-                        for s in range(ttt_steps))
+        recompute = max(t * _layer_bytes(cfg, s, c, kernel, e) + squares(s) for s in range(ttt_steps))
         masks = 0
     else:
         layer = t * sum(_layer_bytes(cfg, s, c, kernel, e) for s in range(ttt_steps))
-        masks = batch.sum_sq * sum(_attention_square_bytes(cfg, s, c, kernel) for s in range(ttt_steps))
+        masks = sum(squares(s) for s in range(ttt_steps))
         recompute = 0
-    mask_cache = batch.sum_sq * sum(_mask_cache_bytes(s) for s in range(ttt_steps))
+    mask_cache = batch.length_sq * sum(_mask_cache_bytes(s) for s in range(ttt_steps))
     chunk = 0
     if chunked:
-        chunk = min(memory.loss_chunk_rows, int(rows)) * (_loss_row_bytes(cfg, c, False) + 2 * cfg.draft_vocab_size * 4)
-    return {"saved": int(t * fc_in + layer + loss + masks), "mask_cache": int(mask_cache), "recompute": int(recompute),
+        chunk = min(memory.loss_chunk_rows, int(rows)) * (_loss_row_bytes(cfg, c, False, loss) + 2 * cfg.draft_vocab_size * 4)
+    return {"saved": int(t * fc_in + layer + held + masks), "mask_cache": int(mask_cache), "recompute": int(recompute),
             "loss_chunk": int(chunk)}
 
 
@@ -219,9 +262,11 @@ class MemoryEstimate:
 
 def estimate_step(cfg, *, ttt_steps: int, rank_sequences: int, max_length: int, memory: StepMemory,
                   compute_bytes: int, device_type: str = "cuda", optimizer: str = "adamw", world_size: int = 1,
-                  counted_share: float = 1.0, capacity: int | None = None) -> MemoryEstimate:
+                  counted_share: float = 1.0, capacity: int | None = None, loss: str = "kl") -> MemoryEstimate:
     """The peak bytes one rank holds during a training step whose batch is ``rank_sequences``
-    samples of ``max_length`` tokens (the worst case a batch of long replies can reach).
+    samples of ``max_length`` tokens (the worst case a batch of long replies can reach; their
+    masks counted as if no two samples were of one length, which a batch of long but unequal
+    replies reaches), under the recipe's ``loss``.
 
     Static: float32 master weights, their gradients and the optimizer's state (AdamW 2 per
     weight; Muon 1 on its matrices), DDP's gradient buckets, the frozen embedding, the teacher's
@@ -237,7 +282,7 @@ def estimate_step(cfg, *, ttt_steps: int, rank_sequences: int, max_length: int, 
     tokens = rank_sequences * max_length
     micro = memory.micro_batch_tokens or tokens
     shape = BatchShape(tokens=min(micro, tokens), longest=max_length, counted_share=counted_share)
-    acts = activation_bytes(cfg, shape, ttt_steps, c, memory, attention_kernel(cfg, device_type), e)
+    acts = activation_bytes(cfg, shape, ttt_steps, c, memory, attention_kernel(cfg, device_type), e, loss)
     kernel = attention_kernel(cfg, device_type)
     parts = {
         "weights": 4 * trainable, "gradients": 4 * trainable, "optimizer": state * trainable,
@@ -257,13 +302,13 @@ def estimate_step(cfg, *, ttt_steps: int, rank_sequences: int, max_length: int, 
 
 def plan_step(cfg, *, capacity: int, ttt_steps: int, rank_sequences: int, max_length: int, compute_bytes: int,
               device_type: str = "cuda", optimizer: str = "adamw", world_size: int = 1,
-              fixed: StepMemory | None = None) -> MemoryEstimate:
+              fixed: StepMemory | None = None, loss: str = "kl") -> MemoryEstimate:
     """The cheapest layout that fits ``capacity`` bytes: the whole batch; else the loss in
     chunks with the largest micro-batch (whole sequences) that fits; else the same with each
     TTT step recomputed. ``fixed`` (a layout the user set) is estimated as it is. The result
     may not fit: the caller refuses it, naming the settings."""
     kw = dict(ttt_steps=ttt_steps, rank_sequences=rank_sequences, max_length=max_length, compute_bytes=compute_bytes,
-              device_type=device_type, optimizer=optimizer, world_size=world_size, capacity=capacity)
+              device_type=device_type, optimizer=optimizer, world_size=world_size, capacity=capacity, loss=loss)
     if fixed is not None:
         return estimate_step(cfg, memory=fixed, **kw)
     whole = rank_sequences * max_length
@@ -279,13 +324,20 @@ def plan_step(cfg, *, capacity: int, ttt_steps: int, rank_sequences: int, max_le
     return last
 
 
-def refusal(estimate: MemoryEstimate, *, max_length: int) -> str:
-    """What to change when even one sequence, recomputed, with the loss in chunks, does not fit."""
+def refusal(estimate: MemoryEstimate, *, max_length: int, batch_size: int, world_size: int, per_node: int) -> str:
+    """What to change when even one sequence, recomputed, with the loss in chunks, does not fit.
+    A rank holds its share of the batch (``batch_size`` / ``world_size`` sequences) on the device
+    whatever the layout, so on few GPUs the batch is the part to cut, or to spread over more."""
     top = sorted(estimate.parts.items(), key=lambda kv: -kv[1])[:4]
     where = ", ".join(f"{k} {v / GiB:.1f} GiB" for k, v in top)
+    nodes = max(1, world_size // max(1, per_node))
+    share = max(1, batch_size // max(1, world_size))
     return (f"the training step does not fit: {estimate.describe()}; largest parts: {where}. "
-            f"Lower 'max_length' (now {max_length:,}) in the recipe, or 'draft_vocab_size' / 'intermediate_size', "
-            "or train on a device with more memory (runtime 'memory_fraction' sets how much of it the plan may use)")
+            f"Lower 'batch_size' (now {batch_size:,}: {share:,} sequences on each of {world_size:,} GPUs, "
+            f"{per_node:,} per node x {nodes:,} node(s)) or 'max_length' (now {max_length:,}) in the recipe; or train on more "
+            "GPUs (the step's 'nproc_per_node', GPUs per node, or more nodes), each then holding fewer sequences; "
+            "or lower 'draft_vocab_size' / 'intermediate_size'; or train on a device with more memory (runtime "
+            "'memory_fraction' sets how much of it the plan may use)")
 
 
 def device_capacity(device: torch.device) -> int | None:
@@ -312,7 +364,8 @@ def plan_for_run(cfg, training, runtime, device: torch.device, *, world_size: in
                          "a micro-batch holds whole samples")
     return plan_step(cfg, capacity=usable, ttt_steps=training.ttt_steps, max_length=training.max_length,
                      rank_sequences=max(1, training.batch_size // world_size), compute_bytes=compute_bytes,
-                     device_type=device.type, optimizer=training.optimizer, world_size=world_size, fixed=fixed)
+                     device_type=device.type, optimizer=training.optimizer, world_size=world_size, fixed=fixed,
+                     loss=training.loss)
 
 
 def saved_tensor_bytes(fn, exclude: list[torch.Tensor] = ()) -> tuple[object, int]:

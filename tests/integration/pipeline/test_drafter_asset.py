@@ -40,6 +40,8 @@ def test_demo_recipe_trains_through_pipes_and_is_measured(layout, model_dir):
         assert (out / "vllm" / "config.json").exists()
         ev = json.loads((out / "eval.json").read_text())
         assert ev["trained"]["matches_greedy"] and ev["untrained"]["matches_greedy"]
+        written = json.loads((out / "result.json").read_text())["exports"]
+        assert set(ev["exports"]) == {"sglang", "vllm"} and ev["exports"] == written  # both exports, as trained
         assert (ev["floor"], ev["margin"]) == (recipe.evaluation.acceptance_floor, recipe.evaluation.acceptance_margin)
         assert checks_by_name(result)["drafter_acceptance"].passed, checks_by_name(result)["drafter_acceptance"].description
         assert meta["acceptance_length"].value == ev["trained"]["acceptance_length"] >= 1.0
@@ -63,6 +65,7 @@ def check_known_drafters(instance, layout, model_dir, recipe) -> dict[str, bool]
     from eagle3_assets.drafter.checks import drafter_acceptance
     from eagle3_assets.drafter.evaluate import eval_prompts, evaluate_drafter
     from eagle3_assets.drafter.export import export_sglang, export_vllm, load_sglang
+    from eagle3_assets.drafter.export_fingerprint import fingerprints
     from eagle3_assets.drafter.spec_decode import untrained_baseline
     from eagle3_assets.drafter.target_weights import read_target_embeddings
     from eagle3_assets.drafter.trained_layers import trained_layers
@@ -75,14 +78,18 @@ def check_known_drafters(instance, layout, model_dir, recipe) -> dict[str, bool]
     prompts = eval_prompts(layout, own.datasets, own.evaluation.eval_samples)
     stop_ids = TargetSpec(model_dir=model_dir).stop_token_ids()
     outcomes, evals = {}, {}
+    written = json.loads((trained / "result.json").read_text())
     for kind in EXPECTED:
         for sub in ("sglang", "vllm"):
             shutil.rmtree(out / sub)
             shutil.copytree(trained / sub, out / sub)
+        (out / "result.json").write_text(json.dumps(written))
         if kind == "random weights":
             model = untrained_baseline(load_sglang(out / "sglang", read_target_embeddings(model_dir)), seed=7)
             export_sglang(model, out / "sglang", dtype="float32")
             export_vllm(model, out / "vllm", dtype="float32", verifier=str(model_dir))
+            # recorded as a trainer of these weights records them: the evaluation refuses exports it did not write
+            (out / "result.json").write_text(json.dumps({**written, "exports": fingerprints(out, ("sglang", "vllm"))}))
         # the trained weights under a wrong config acceptance-test as the trained ones did
         ev = evals["trained"] if kind == "wrong aux layer ids" else evaluate_drafter(model_dir, out, prompts, own, stop_ids)
         evals[kind] = ev

@@ -53,6 +53,9 @@ def _trained_exports(layout, ids=(1, 14, 26)):
     (out / "job.json").write_text(json.dumps({"datasets": {str(shards): 1.0}}))
     (out / "result.json").write_text(json.dumps({"steps": 8, "exported_step": 5, "eal_last": 1.5,
                                                  "acceptance_estimates": [{"step": 5, "eal": 1.75, "k": 3}]}))
+    from eagle3_assets.drafter.export_fingerprint import fingerprints
+
+    (out / "eval.json").write_text(json.dumps({"exports": fingerprints(out, ("sglang", "vllm"))}))  # as evaluated
     return out
 
 
@@ -91,6 +94,41 @@ def test_vllm_export_numbering_problem_in_vllms_terms(layout, capsys):
     err = capsys.readouterr().err
     assert "eagle_aux_hidden_state_layer_ids [3, 15, 27] (vLLM's numbering, output-of-layer id + 1) do not start at 2" \
         in err, err
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_export_refuses_files_other_than_the_evaluated_ones(layout, capsys, engine):
+    """One byte of an export's fc.weight changed after the evaluation: every format and layer rule
+    still passes, and the command exits 2 naming the export; an eval.json without fingerprints, or
+    none at all, exits 2 too."""
+    import json
+
+    from tests.unit.drafter.test_acceptance_check import flip_byte
+
+    out = _trained_exports(layout)
+    flip_byte(out / engine / "model.safetensors", "fc.weight")
+    assert cli.main(["export", "demo"]) == 2
+    err = capsys.readouterr().err
+    assert (f"the {engine} export is not the one eval.json records (model.safetensors changed since): "
+            "re-materialize drafter_checkpoint[demo]") in err and "exports ok" not in err
+    (out / "eval.json").write_text(json.dumps({"trained": {}}))
+    assert cli.main(["export", "demo"]) == 2
+    assert "eval.json records no fingerprint of the vllm export" in capsys.readouterr().err
+    (out / "eval.json").unlink()
+    assert cli.main(["export", "demo"]) == 2
+    assert "no eval.json: the exports were never evaluated" in capsys.readouterr().err
+
+
+def test_export_of_an_unknown_or_invalid_recipe_is_one_line_and_status_2(layout, capsys):
+    assert cli.main(["export", "no-such-recipe"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "no recipe named 'no-such-recipe'" in err
+    recipes = layout.root / "recipes"
+    recipes.mkdir(parents=True)
+    (recipes / "bad.toml").write_text('datasets = { demo_chat = 1.0 }\ndraft_vocab_size = 512\nlearning_rate = 3\n')
+    assert cli.main(["export", "bad"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: {recipes / 'bad.toml'}: field 'learning_rate': unknown field" in err
 
 
 def test_materialize_needs_a_prompt_file(layout, capsys):

@@ -1,9 +1,12 @@
-"""drafter_acceptance's two decisions without a model: the acceptance bar (floor, margin over the
-untrained twin, the recipe's figures in eval.json) and the export's aux layers against training."""
+"""drafter_acceptance's decisions without a model: the acceptance bar (floor, margin over the
+untrained twin, the recipe's figures in eval.json), the export's aux layers against training, and
+the exports' files against the fingerprints eval.json (and, before evaluation, result.json) records."""
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from eagle3_assets.drafter.checks import acceptance_problems
 from eagle3_assets.drafter.trained_layers import export_layer_problems, layer_id_problems, trained_layers
@@ -82,20 +85,97 @@ def test_missing_training_record_is_named(tmp_path):
         trained_layers(out)
 
 
-def test_eval_json_is_linked_to_the_export_it_measured(tmp_path):
-    """An eval.json measured on other files than the export holds now (weights replaced after the
-    evaluation) is a problem; one from before fingerprints is said, not passed in silence."""
-    from eagle3_assets.drafter.export import export_sglang
-    from eagle3_assets.drafter.export_review import evaluation_link_problems, export_fingerprint
+def flip_byte(safetensors_path: Path, tensor: str) -> None:
+    """One byte in the middle of ``tensor``'s data changed, the file's size and header kept."""
+    raw = bytearray(safetensors_path.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    a, b = json.loads(raw[8:8 + n])[tensor]["data_offsets"]
+    raw[8 + n + (a + b) // 2] ^= 0x01
+    safetensors_path.write_bytes(bytes(raw))
+
+
+def swap_d2t(safetensors_path: Path, i: int = 3, j: int = 7) -> None:
+    """Two entries of the export's d2t map exchanged, every other tensor as it was."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(safetensors_path), framework="pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    d2t = tensors["d2t"].clone()
+    d2t[[i, j]] = d2t[[j, i]]
+    assert not torch.equal(d2t, tensors["d2t"])
+    save_file({**tensors, "d2t": d2t}, str(safetensors_path), metadata=meta)
+
+
+def both_exports(out: Path, seed: int = 1) -> None:
+    from eagle3_assets.drafter.export import export_sglang, export_vllm
     from tests.unit.drafter.test_drafter_recipe_options import tiny_drafter
 
+    model = tiny_drafter(seed=seed)[0]
+    export_sglang(model, out / "sglang", dtype="float32")
+    export_vllm(model, out / "vllm", dtype="float32")
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("change", ["fc byte", "d2t swap"])
+def test_eval_json_is_linked_to_every_export(tmp_path, engine, change):
+    """eval.json fingerprints both exports; a byte of fc.weight or two d2t entries changed in either
+    afterwards fail the link (both still pass their format checks), naming the export and file."""
+    from eagle3_assets.drafter.export import export_file_problems
+    from eagle3_assets.drafter.export_fingerprint import fingerprints
+    from eagle3_assets.drafter.export_review import evaluation_link_problems
+
     out = tmp_path / "drafter"
-    export_sglang(tiny_drafter(seed=1)[0], out / "sglang", dtype="float32")
-    ev = {"evaluated_export": export_fingerprint(out)}
-    assert ev["evaluated_export"]["export"] == "sglang" and evaluation_link_problems(ev, out) == ([], "")
-    export_sglang(tiny_drafter(seed=2)[0], out / "sglang", dtype="float32")  # another drafter's weights
-    [problem], _ = evaluation_link_problems(ev, out)
-    assert problem == ("eval.json measured other files than the sglang export holds now (model.safetensors changed "
-                       "since): re-materialize the drafter")
-    problems, note = evaluation_link_problems({}, out)
-    assert problems == [] and "records no fingerprint" in note
+    both_exports(out)
+    ev = {"exports": fingerprints(out, ("sglang", "vllm"))}
+    assert set(ev["exports"]) == {"sglang", "vllm"} and evaluation_link_problems(ev, out, ("sglang", "vllm"), "demo") == []
+    weights = out / engine / "model.safetensors"
+    flip_byte(weights, "fc.weight") if change == "fc byte" else swap_d2t(weights)
+    assert export_file_problems(out / engine, engine) == []  # the serving contract cannot see it
+    assert evaluation_link_problems(ev, out, ("sglang", "vllm"), "demo") == [
+        f"the {engine} export is not the one eval.json records (model.safetensors changed since): "
+        "re-materialize drafter_checkpoint[demo]"]
+
+
+def test_an_eval_json_without_fingerprints_fails_naming_what_to_rematerialize(tmp_path):
+    from eagle3_assets.drafter.export_review import evaluation_link_problems
+
+    out = tmp_path / "drafter"
+    both_exports(out)
+    problems = evaluation_link_problems({"evaluated_export": {"export": "sglang"}}, out, ("sglang", "vllm"), "demo")
+    assert problems == [f"eval.json records no fingerprint of the {e} export, so nothing links it to the files there: "
+                        "re-materialize drafter_checkpoint[demo]" for e in ("sglang", "vllm")]
+
+
+def test_the_evaluation_checks_the_exports_against_what_the_trainer_wrote(tmp_path):
+    """An export changed between training and evaluation is refused before it is loaded."""
+    from types import SimpleNamespace
+
+    from eagle3_assets.drafter.evaluate import ExportDigestError, checked_exports
+    from eagle3_assets.drafter.export_fingerprint import fingerprints
+
+    out = tmp_path / "drafter"
+    both_exports(out)
+    (out / "result.json").write_text(json.dumps({"exports": fingerprints(out, ("sglang", "vllm"))}))
+    recipe = SimpleNamespace(name="demo", shape=SimpleNamespace(engines=("sglang", "vllm")))
+    assert set(checked_exports(out, recipe)) == {"sglang", "vllm"}
+    flip_byte(out / "vllm" / "model.safetensors", "fc.weight")
+    with pytest.raises(ExportDigestError, match=r"the vllm export is not the one result.json \(the trainer, as it wrote "
+                                                 r"them\) records \(model.safetensors changed since\)"):
+        checked_exports(out, recipe)
+
+
+def test_the_held_out_prompts_are_read_from_the_corpus_merged_corpus_wrote(layout):
+    """Evaluation cuts each held-out prompt at its prompt_len: an edited one is refused, not used."""
+    import polars as pl
+
+    from eagle3_assets.drafter.evaluate import eval_prompts
+    from eagle3_assets.tokens.digest import write_digested_parquet
+
+    frame = pl.DataFrame({"sample_id": ["a", "b"], "input_ids": [[1, 2, 3, 4], [5, 6, 7]], "prompt_len": [2, 1],
+                          "split": ["eval", "train"]}, schema_overrides={"input_ids": pl.List(pl.Int32)})
+    write_digested_parquet(frame, layout.corpus("facts"))
+    assert eval_prompts(layout, {"facts": 1.0}, 10) == [[1, 2]]
+    frame.with_columns(pl.Series("prompt_len", [3, 1])).write_parquet(layout.corpus("facts"))
+    with pytest.raises(ValueError, match=r"carries no table digest .* re-materialize merged_corpus\[facts\]"):
+        eval_prompts(layout, {"facts": 1.0}, 10)

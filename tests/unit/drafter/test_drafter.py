@@ -337,6 +337,52 @@ def test_training_refuses_layers_the_shards_do_not_hold_and_bad_job_files(model_
     assert f"{bad}: field 'training.lr'" in capsys.readouterr().err
 
 
+def test_the_trainer_entry_refuses_a_step_no_layout_fits_with_status_2(model_dir, shard_dir, tmp_path, monkeypatch, capsys):
+    """A device too small for even one sequence, recomputed, with the loss in chunks: the entry
+    prints one line naming the batch, the GPUs and the lengths, exits 2, and trains nothing."""
+    from eagle3_assets.drafter.training import memory_plan
+    from eagle3_assets.drafter.training.__main__ import main
+    from eagle3_assets.drafter.training.config import DraftShape, RuntimeSettings, TrainJob
+    from eagle3_assets.target.ref import TargetRef
+
+    job = TrainJob(target=TargetRef(model_dir=str(model_dir)), out_dir=str(tmp_path / "out"), datasets={str(shard_dir): 1.0},
+                   training=small_cfg(), shape=DraftShape(draft_vocab_size=DRAFT_VOCAB, intermediate_size=256),
+                   runtime=RuntimeSettings(threads=1, progress=False)).write(tmp_path / "job.json")
+    monkeypatch.setattr(memory_plan, "device_capacity", lambda device: 64 << 20)  # a 64 MiB device
+    assert main(["--config", str(job)]) == 2
+    [err] = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert err.startswith(f"error: {job}: the training step does not fit: estimated peak")
+    assert "of 0.1 GiB usable" in err
+    assert "Lower 'batch_size' (now 4: 4 sequences on each of 1 GPUs, 1 per node x 1 node(s))" in err
+    assert "'max_length' (now 64)" in err and "'nproc_per_node'" in err
+    assert not list((tmp_path / "out").glob("checkpoint*")) and not (tmp_path / "out" / "result.json").exists()
+
+
+def test_the_trainer_refuses_a_shard_whose_bytes_changed_before_reading_it(model_dir, shard_dir, tmp_path, capsys):
+    """A shard's bytes changed at the same size (bit rot, a bad copy): the trainer checks every shard
+    against its manifest's sha256 first, and exits 2 naming it and what to re-materialize."""
+    import shutil
+
+    from eagle3_assets.drafter.training.__main__ import main
+    from eagle3_assets.drafter.training.config import DraftShape, RuntimeSettings, TrainJob
+    from eagle3_assets.target.ref import TargetRef
+
+    rotten = tmp_path / "toy"
+    shutil.copytree(shard_dir, rotten)
+    shard = sorted(rotten.glob("shard-*.safetensors"))[-1]
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0xFF  # in the last token's states: every tensor still loads, one value is other
+    shard.write_bytes(bytes(data))
+    job = TrainJob(target=TargetRef(model_dir=str(model_dir)), out_dir=str(tmp_path / "out"), datasets={str(rotten): 1.0},
+                   training=small_cfg(), shape=DraftShape(draft_vocab_size=DRAFT_VOCAB, intermediate_size=256),
+                   runtime=RuntimeSettings(threads=1, progress=False)).write(tmp_path / "job.json")
+    assert main(["--config", str(job)]) == 2
+    assert [line for line in capsys.readouterr().err.splitlines() if "error" in line] == [
+        f"error: {job}: 1 shard(s) differ from their manifest: {shard}: its sha256 is not the one the manifest records "
+        "(its bytes changed after extraction): re-materialize hidden_states[toy]"]
+    assert not (tmp_path / "out" / "result.json").exists()
+
+
 def test_padding_does_not_change_real_positions(dcfg, target, vmap, features):
     """Fused attention on a right-padded batch gives each sample its own unpadded result."""
     model = build_drafter(dcfg, target["embed"], vmap, seed=5).eval()

@@ -265,6 +265,25 @@ def test_verify_catches_corruption(tmp_path):
     assert "1 samples stored with a length different from the corpus, e.g. ['s01']" in verify_shards(out, corpus).problems
 
 
+def test_verify_names_the_sample_and_fails_cleanly_on_a_duplicated_corpus(tmp_path):
+    corpus = make_corpus(tmp_path / "corpus.parquet", lengths=[20, 21, 22])
+    out = tmp_path / "hs"
+    extract_corpus(corpus, out, Fake(), shard_bytes=1 << 30)
+    [shard] = out.glob("shard-*.safetensors")
+    frame = pl.read_parquet(corpus)
+    ids = frame["input_ids"].to_list()
+    stored = ids[1][5]
+    ids[1][5] = stored + 1  # one id of s01 edited in the corpus, its length kept
+    frame.with_columns(pl.Series("input_ids", ids, dtype=pl.List(pl.Int32))).write_parquet(corpus)
+    assert verify_shards(out, corpus).problems == [
+        f"{shard.name}: input_ids of sample s01 differ from the corpus (first at its token 5: {stored} stored, "
+        f"{stored + 1} in the corpus)"]
+    pl.concat([frame, frame.slice(1, 1)]).write_parquet(corpus)  # a sample twice: a failed check, not a crash
+    assert verify_shards(out, corpus).problems == [
+        f"the corpus cannot be compared with: {corpus}: 1 duplicate sample rows (s01 x2); the merged corpus must be "
+        "unique: re-materialize merged_corpus"]
+
+
 def test_writer_refuses_other_settings_and_duplicates(tmp_path):
     w = shards.ShardWriter(tmp_path, hidden_size=4, shard_bytes=1 << 20, background=False)
     w.add("a", "train", [1, 2], [0, 1], torch.zeros(2, 12), torch.zeros(2, 4))
