@@ -87,7 +87,7 @@ def preflight_memory(recipe: str, job, target_config: dict, config: DrafterTrain
     shape = job.shape
     cfg = DrafterConfig.from_target(target_config, draft_vocab_size=shape.draft_vocab_size, aux_layer_ids=shape.aux_layer_ids,
                                     intermediate_size=shape.intermediate_size, attention=shape.attention,
-                                    norm_before_fc=shape.norm_before_fc)
+                                    **shape.layout())
     ranks = config.nproc_per_node * nodes
     plan = plan_for_run(cfg, job.training, job.runtime, torch.device("cuda", 0), world_size=max(1, ranks),
                         compute_bytes=4 if config.dtype == "float32" else 2, capacity=capacity)

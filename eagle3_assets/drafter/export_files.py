@@ -71,3 +71,53 @@ def rebuild_drafter(cfg: DrafterConfig, weights: dict, embeddings: torch.Tensor)
     if missing or unexpected:
         raise ValueError(f"export does not match the drafter: missing {missing}, unexpected {unexpected}")
     return model.eval()
+
+
+# ----------------------------------------------------------------------------- EAGLE 3.1 switches
+
+# Both engines' EAGLE-3 drafters (Llama and DeepSeek/MLA, SGLang 0.5.23 and vLLM 0.32) read these
+# two keys from the top level of the draft's config (vLLM copies them there from a speculators
+# config) and name the per-layer norms ``fc_norm.{i}.weight``; a 3.0 export lacks both keys and
+# both engines then default them off.
+SWITCH_KEYS = ("fc_norm", "norm_output")
+FC_NORM_WEIGHTS = tuple(f"fc_norm.{i}.weight" for i in range(3))
+
+
+def switch_fields(cfg: DrafterConfig) -> dict[str, bool]:
+    """The 3.1 switches as an export's config writes them (always, on or off)."""
+    return {k: bool(getattr(cfg, k)) for k in SWITCH_KEYS}
+
+
+def switches_from_config(c: dict, engine: str) -> dict[str, bool]:
+    """The 3.1 switches an export's config asks ``engine`` for (SGLang also takes ``fc_norm`` under its
+    older name ``use_aux_norm``); missing keys are off, as both engines read them."""
+    legacy = engine == "sglang" and c.get("use_aux_norm")
+    return {"fc_norm": bool(c.get("fc_norm") or legacy), "norm_output": bool(c.get("norm_output"))}
+
+
+def switch_problems(c: dict, names: set[str], engine: str) -> list[str]:
+    """What an engine would run differently from the drafter the weights hold: a switch that is not a
+    boolean, or ``fc_norm`` on without its three norms (the engine keeps them at 1) or off with them
+    (the engine drops them)."""
+    problems = [f"{k} is {c[k]!r}, not a boolean" for k in (*SWITCH_KEYS, "use_aux_norm")
+                if k in c and not isinstance(c[k], bool)]
+    held = [n for n in FC_NORM_WEIGHTS if n in names]
+    on = switches_from_config(c, engine)["fc_norm"]
+    if on and len(held) != len(FC_NORM_WEIGHTS):
+        problems.append(f"fc_norm is on but model.safetensors lacks {sorted(set(FC_NORM_WEIGHTS) - set(held))}")
+    if not on and held:
+        problems.append(f"fc_norm is off but model.safetensors holds {held}, which the engine would ignore")
+    return problems
+
+
+def unread_switches(shape, readers: dict[str, dict[str, str]]) -> dict[str, str]:
+    """``{switch: problem}`` for the 3.1 switches ``shape`` (a ``DraftShape``) turns on that one of its
+    ``engines`` does not read for this kind; ``readers`` maps a switch to ``{engine: the module of the
+    pinned release that reads it}`` (a kind's ``SWITCH_READERS``)."""
+    out = {}
+    for key in SWITCH_KEYS:
+        missing = [e for e in shape.engines if e not in readers.get(key, {})]
+        if getattr(shape, key) and missing:
+            out[key] = (f"cannot be served by {', '.join(missing)}: its EAGLE-3 drafter for this kind does not "
+                        f"read {key} and would run another network than was trained; drop {key} or those engines")
+    return out

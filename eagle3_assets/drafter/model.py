@@ -2,12 +2,14 @@
 
 Shapes (H = target hidden size, which is also the drafter's: it reuses the target embeddings):
 
-    aux  [B, T, 3H] --fc--> h [B, T, H]            (three target layers, fused; optionally RMSNorm'd first)
+    aux  [B, T, 3H] --fc--> h [B, T, H]            (three target layers, fused; optionally RMSNorm'd first:
+                                                    ``norm_before_fc`` over all 3H, ``fc_norm`` per layer)
     ids  [B, T]     --embed_tokens (frozen)--> e [B, T, H]
     midlayer:  x = cat(input_layernorm(e), hidden_norm(h))        [B, T, 2H]
                h = h + o_proj(attention(q/k/v_proj(x)))           (residual is the raw h)
                h = h + mlp(post_attention_layernorm(h))
-    logits = lm_head(norm(h))  over the draft vocabulary; ``h`` (pre-norm) is the next step's hidden.
+    logits = lm_head(norm(h))  over the draft vocabulary; ``h`` (pre-norm) is the next step's hidden,
+                               ``norm(h)`` with ``norm_output`` (EAGLE 3.1; ``carry``).
 
 Module names are SGLang's ``LlamaForCausalLMEagle3`` weight names (``fc``, ``midlayer.*``,
 ``norm``, ``lm_head``, buffers ``d2t``/``t2d``), so export is a rename-free copy.
@@ -57,6 +59,8 @@ class DrafterConfig:
     attention: str = "llama"  # the drafter's kind: a name in drafter/kinds KINDS
     mla: dict | None = None  # the target's sizes a kind copies (its target_shape: MLA's, drafter/kinds/mla/)
     norm_before_fc: bool = False  # one RMSNorm over the [3H] features before fc (vLLM's ``input_norm``)
+    fc_norm: bool = False  # EAGLE 3.1: one RMSNorm per aux layer's [H] features before fc (``fc_norm.{i}``)
+    norm_output: bool = False  # EAGLE 3.1: the next step reads the post-norm state, not the pre-norm one
 
     def __post_init__(self):
         if self.hidden_act != "silu":
@@ -80,6 +84,8 @@ class DrafterConfig:
         intermediate_size: int | None = None,
         attention: str = "llama",
         norm_before_fc: bool = False,
+        fc_norm: bool = False,
+        norm_output: bool = False,
     ) -> DrafterConfig:
         """A drafter shaped like one layer of the target, from its ``config.json`` dict (the
         ``text_config`` of a multimodal wrapper such as Kimi-K2.5). The rope (theta and yarn
@@ -118,6 +124,8 @@ class DrafterConfig:
             attention=attention,
             mla=_target_shape(attention, text),
             norm_before_fc=norm_before_fc,
+            fc_norm=fc_norm,
+            norm_output=norm_output,
         )
 
     def to_dict(self) -> dict:
@@ -236,6 +244,8 @@ class Eagle3Drafter(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)
         if cfg.norm_before_fc:
             self.input_norm = RMSNorm(3 * cfg.target_hidden_size, cfg.rms_norm_eps)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(3))
         self.fc = nn.Linear(3 * cfg.target_hidden_size, h, bias=False)
         self.midlayer = Eagle3Layer(cfg)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
@@ -255,7 +265,7 @@ class Eagle3Drafter(nn.Module):
             for name, p in self.named_parameters():
                 if name == "embed_tokens.weight":
                     continue
-                if name.endswith("norm.weight"):
+                if name.endswith("norm.weight") or name.startswith("fc_norm."):
                     p.fill_(1.0)
                 else:
                     p.copy_(torch.randn(p.shape, generator=g, device=device, dtype=torch.float32)
@@ -284,9 +294,13 @@ class Eagle3Drafter(nn.Module):
     # -- the pieces a decoder loop calls
 
     def project_aux(self, aux_hidden: torch.Tensor) -> torch.Tensor:
-        """[.., 3H] target features -> [.., H] hidden stream."""
+        """[.., 3H] target features -> [.., H] hidden stream (the engines' order: ``input_norm`` over
+        all 3H, then each layer's ``fc_norm``, then ``fc``)."""
         if self.config.norm_before_fc:
             aux_hidden = self.input_norm(aux_hidden)
+        if self.config.fc_norm:
+            chunks = aux_hidden.chunk(len(self.fc_norm), dim=-1)
+            aux_hidden = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
         return self.fc(aux_hidden)
 
     def step(self, ids, hidden, positions, context) -> torch.Tensor:
@@ -299,6 +313,11 @@ class Eagle3Drafter(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))
 
+    def carry(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the next draft step reads of a step's pre-norm output: itself, or ``norm`` of it
+        with ``norm_output`` (the state the engines hand back as the draft's hidden)."""
+        return self.norm(hidden) if self.config.norm_output else hidden
+
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
@@ -310,7 +329,7 @@ class Eagle3Drafter(nn.Module):
 
         Step s at index t reads token ``input_ids[t + 1 + s]`` (ground truth, zero past the end)
         and predicts token ``t + 2 + s``. Step 0 reads the target's features at t; step s > 0
-        reads the drafter's own hidden output of step s - 1 at the same index (its chain).
+        reads the drafter's own output of step s - 1 at the same index (its chain; ``carry``).
         With ``packed`` (a ``drafter.packing.PackedBatch``) the inputs are its one row of
         samples back to back, and step s returns logits [n_s, N] of its ``logit_rows`` alone.
         ``checkpoint`` keeps only each step's input hidden stream and keys for backward and
@@ -328,7 +347,7 @@ class Eagle3Drafter(nn.Module):
         hidden = self.project_aux(aux_hidden)
         out = []
         for s in range(ttt_steps):
-            args = (shift(input_ids, s + 1), hidden, positions + s, context, s)
+            args = (shift(input_ids, s + 1), self.carry(hidden) if s else hidden, positions + s, context, s)
             if checkpoint and torch.is_grad_enabled():
                 hidden = recompute_in_backward(self._ttt_step, *args, use_reentrant=False, preserve_rng_state=False)
             else:

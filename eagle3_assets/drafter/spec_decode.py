@@ -3,8 +3,9 @@
 One round (batch of one sequence, greedy):
 
 1. the drafter proposes k tokens in a chain: the first from its entry for the last verified
-   position (target features + the last verified token), each next one from its own pre-norm
-   hidden output and the token it just proposed;
+   position (target features + the last verified token), each next one from its own hidden
+   output (pre-norm; post-norm with ``norm_output``, ``Eagle3Drafter.carry``) and the token it
+   just proposed;
 2. the target scores ``[last verified token, d_1 .. d_k]`` in one forward pass over its KV cache;
 3. the longest prefix of drafts equal to the target's greedy choices is accepted, plus the
    target's own next token (the "bonus"); the target cache is cropped to what was accepted and
@@ -150,7 +151,7 @@ def speculative_generate(
             drafts.append(d)
             if j + 1 < k:
                 pos = torch.tensor([[n_real + j]], device=device)  # the chain's j-th token sits at n_real + j
-                h = drafter.step(torch.tensor([[d]], device=device), h, pos, dcache)
+                h = drafter.step(torch.tensor([[d]], device=device), drafter.carry(h), pos, dcache)
         dcache.truncate(n_real)
         # 2. verify in one target pass
         out, cache = _call(target, [[tok, *drafts]], cache, hidden=True)

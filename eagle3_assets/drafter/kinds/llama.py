@@ -11,18 +11,21 @@ SGLang (``--speculative-algorithm EAGLE3 --speculative-draft-model-path <dir>``)
   (transformers 5, vLLM), with the target's yarn scaling in the keys every reader agrees on
   (``drafter/rope.py``),
   ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang's "output of layer k" ids; the
-  target reads them from here to know what to capture), ``torch_dtype``;
-- ``model.safetensors``: ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight`` in
+  target reads them from here to know what to capture), the EAGLE 3.1 switches ``fc_norm`` and
+  ``norm_output`` (always written, on or off), ``torch_dtype``;
+- ``model.safetensors``: ``fc.weight`` (and ``fc_norm.{0,1,2}.weight`` with ``fc_norm``), ``midlayer.*``,
+  ``norm.weight``, ``lm_head.weight`` in
   ``torch_dtype``, ``d2t`` int64, ``t2d`` bool, and no ``embed_tokens`` (SGLang uses the
   target's).
 
 vLLM / speculators (``vllm serve <dir>`` pairs it with the verifier): a speculators config
 (``speculators_model_type`` eagle3, ``transformer_layer_config``, ``speculators_config``) whose
 ``eagle_aux_hidden_state_layer_ids`` use vLLM's numbering (our id + 1), every speculators-only
-option set off (``norm_before_residual`` and friends: vLLM defaults some of them *on*, which
-would run a different network than was trained) but ``norm_before_fc`` when the drafter has that
-norm (``input_norm.weight``; vLLM only, see ``UNSERVED``), and weights named ``layers.0.*`` with the
-frozen ``embed_tokens.weight`` included, as speculators checkpoints carry it.
+option said outright (``norm_before_residual`` off: vLLM defaults it *on*, which would run a
+different network than was trained; ``norm_before_fc`` on when the drafter has that norm,
+``input_norm.weight``, vLLM only, see ``UNSERVED``; ``fc_norm`` and ``norm_output`` as trained),
+and weights named ``layers.0.*`` with the frozen ``embed_tokens.weight`` included, as speculators
+checkpoints carry it.
 
 Which engine runs which layout exactly as it was trained, read from the engines' EAGLE-3 Llama
 drafters (SGLang ``models/llama_eagle3.py``, vLLM 0.32 ``model_executor/models/llama_eagle3.py`` +
@@ -32,6 +35,11 @@ drafters (SGLang ``models/llama_eagle3.py``, vLLM 0.32 ``model_executor/models/l
   RMSNorm (``input_norm.weight``) over the concatenated [3H] features before ``fc``. SGLang's
   ``LlamaForCausalLMEagle3`` runs ``fc`` on the raw features and has no such weight: it would
   load the export and silently run another network.
+- ``fc_norm`` (EAGLE 3.1): both engines read ``fc_norm`` from the draft's config (vLLM's
+  ``update_eagle3`` copies it from a speculators config) and apply ``fc_norm.{i}.weight`` to aux
+  layer i's H-wide slice before ``fc`` (after ``input_norm`` when both are on, vLLM). Served by both.
+- ``norm_output`` (EAGLE 3.1): both engines' draft forward returns the final ``norm``'s output as
+  the hidden state the next draft position reads, instead of the pre-norm residual. Served by both.
 - more than one decoder layer: both engines build extra layers, but differently (vLLM carries
   the residual stream into them, SGLang feeds them the MLP output alone), so no trained network
   is served the same by both; this trainer builds one layer.
@@ -48,7 +56,17 @@ from pathlib import Path
 
 import torch
 
-from eagle3_assets.drafter.export_files import DTYPES, export_weights, rebuild_drafter, write_dir_atomic
+from eagle3_assets.drafter.export_files import (
+    DTYPES,
+    SWITCH_KEYS,
+    export_weights,
+    rebuild_drafter,
+    switch_fields,
+    switch_problems,
+    switches_from_config,
+    unread_switches,
+    write_dir_atomic,
+)
 from eagle3_assets.drafter.kinds import DrafterKind
 from eagle3_assets.drafter.model import Attention, DrafterConfig, Eagle3Drafter
 from eagle3_assets.drafter.rope import export_rope_problems, rope_fields
@@ -57,7 +75,7 @@ SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
 SPECULATORS_VERSION = "0.4.0"
 SGLANG_REQUIRED = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
-UNSUPPORTED_VLLM_FLAGS = ("norm_before_residual", "fc_norm", "norm_output")  # speculators options this drafter lacks
+OFF_VLLM_FLAGS = ("norm_before_residual",)  # speculators options this drafter never has (vLLM's default: on)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -85,7 +103,7 @@ def _llama_fields(cfg: DrafterConfig) -> dict:
 
 
 def _config_from_llama(llama: dict, draft_vocab_size: int, target_hidden_size: int, aux_ids: list[int],
-                       norm_before_fc: bool = False) -> DrafterConfig:
+                       **switches: bool) -> DrafterConfig:
     return DrafterConfig(
         hidden_size=llama["hidden_size"], intermediate_size=llama["intermediate_size"],
         num_attention_heads=llama["num_attention_heads"], num_key_value_heads=llama["num_key_value_heads"],
@@ -94,7 +112,7 @@ def _config_from_llama(llama: dict, draft_vocab_size: int, target_hidden_size: i
         max_position_embeddings=llama["max_position_embeddings"], vocab_size=llama["vocab_size"],
         draft_vocab_size=draft_vocab_size, target_hidden_size=target_hidden_size,
         aux_layer_ids=list(aux_ids), rope_scaling=llama.get("rope_scaling"),
-        hidden_act=llama.get("hidden_act", "silu"), norm_before_fc=norm_before_fc,
+        hidden_act=llama.get("hidden_act", "silu"), **switches,
     )
 
 
@@ -111,6 +129,7 @@ def sglang_config(cfg: DrafterConfig, dtype: str = "bfloat16") -> dict:
             "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
             "use_aux_hidden_state": True,
         },
+        **switch_fields(cfg),
         "torch_dtype": dtype,
     }
 
@@ -135,7 +154,7 @@ def load_sglang_files(export_dir: Path, embeddings: torch.Tensor) -> Eagle3Draft
     if c.get("architectures") != [SGLANG_ARCH] or c.get("num_hidden_layers") != 1:
         raise ValueError(f"{export_dir}: not a one-layer {SGLANG_ARCH} export")
     cfg = _config_from_llama(c, c["draft_vocab_size"], c.get("target_hidden_size") or c["hidden_size"],
-                             c["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+                             c["eagle_config"]["eagle_aux_hidden_state_layer_ids"], **switches_from_config(c, "sglang"))
     return rebuild_drafter(cfg, load_file(str(export_dir / "model.safetensors")), embeddings)
 
 
@@ -162,12 +181,10 @@ def vllm_config(cfg: DrafterConfig, *, dtype: str, verifier: str, verifier_archi
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": to_speculators_ids(cfg.aux_layer_ids),
-        # The SGLang-layout network: residual from the raw hidden, no extra norms but the
-        # optional one over the features (``input_norm``).
+        # The SGLang-layout network: residual from the raw hidden; the optional norms as trained.
         "norm_before_residual": False,
         "norm_before_fc": bool(cfg.norm_before_fc),
-        "fc_norm": False,
-        "norm_output": False,
+        **switch_fields(cfg),
         "embed_requires_grad": False,
         "speculators_config": {
             "algorithm": "eagle3",
@@ -203,13 +220,13 @@ def load_vllm_files(export_dir: Path, embeddings: torch.Tensor | None = None) ->
     c = json.loads((export_dir / "config.json").read_text())
     if c.get("speculators_model_type") != "eagle3":
         raise ValueError(f"{export_dir}: not a speculators eagle3 checkpoint")
-    for flag in UNSUPPORTED_VLLM_FLAGS:
-        if c.get(flag, flag == "norm_before_residual"):  # vLLM's default for the first is True
+    for flag in OFF_VLLM_FLAGS:
+        if c.get(flag, True):  # vLLM's default is True
             raise ValueError(f"{export_dir}: {flag} is on; this drafter has no such norm")
     layer = c["transformer_layer_config"]
     cfg = _config_from_llama(layer, c["draft_vocab_size"], c.get("target_hidden_size") or layer["hidden_size"],
                              [i - 1 for i in c["eagle_aux_hidden_state_layer_ids"]],
-                             norm_before_fc=bool(c.get("norm_before_fc", False)))
+                             norm_before_fc=bool(c.get("norm_before_fc", False)), **switches_from_config(c, "vllm"))
     weights = {_from_speculators_name(k): v for k, v in load_file(str(export_dir / "model.safetensors")).items()}
     emb = weights.pop("embed_tokens.weight", None)
     if embeddings is None:
@@ -249,6 +266,7 @@ def sglang_file_problems(export_dir: Path) -> list[str]:
         problems.append("model.safetensors holds embed_tokens (SGLang takes the target's)")
     if "input_norm.weight" in names:
         problems.append("model.safetensors holds input_norm (norm_before_fc), which SGLang never applies")
+    problems += switch_problems(cfg, names, "sglang")
     if dtypes.get("d2t") not in (None, "I64"):
         problems.append(f"d2t is {dtypes['d2t']}, not int64")
     if dtypes.get("t2d") not in (None, "BOOL"):
@@ -292,8 +310,8 @@ def vllm_file_problems(export_dir: Path) -> list[str]:
     problems = []
     if cfg.get("speculators_model_type") != "eagle3":
         problems.append(f"speculators_model_type is {cfg.get('speculators_model_type')!r}, not 'eagle3'")
-    for flag in UNSUPPORTED_VLLM_FLAGS:
-        if cfg.get(flag, flag == "norm_before_residual"):
+    for flag in OFF_VLLM_FLAGS:
+        if cfg.get(flag, True):
             problems.append(f"{flag} is on (or missing, and vLLM's default is on); this drafter has no such norm")
     layer = cfg.get("transformer_layer_config") or {}
     ids = cfg.get("eagle_aux_hidden_state_layer_ids") or []
@@ -309,6 +327,7 @@ def vllm_file_problems(export_dir: Path) -> list[str]:
     if bool(cfg.get("norm_before_fc", False)) != ("input_norm.weight" in names):
         problems.append(f"norm_before_fc is {bool(cfg.get('norm_before_fc', False))} but input_norm.weight is "
                         f"{'present' if 'input_norm.weight' in names else 'missing'}")
+    problems += switch_problems(cfg, names, "vllm")
     return problems + _shared_problems(layer, cfg, None, "transformer_layer_config", vllm_ids=ids)
 
 
@@ -321,11 +340,17 @@ UNSERVED = {
 }
 
 
+# EAGLE 3.1 switch -> {engine: the module of its pinned release that reads it for this kind}
+# (tests/integration check each against the installed engine); an engine missing here is refused.
+SWITCH_READERS = {key: {"sglang": "sglang.srt.models.llama_eagle3", "vllm": "vllm.model_executor.models.llama_eagle3"}
+                  for key in SWITCH_KEYS}
+
+
 def layout_problems(shape) -> dict[str, str]:
     """``{recipe key: problem}`` for the options of ``shape`` (a ``DraftShape``) that one of its
     ``engines`` would not run as trained."""
-    return {key: f"cannot be served by {engine}: {why}" for key, (engine, why) in UNSERVED.items()
-            if getattr(shape, key) and engine in shape.engines}
+    return {**{key: f"cannot be served by {engine}: {why}" for key, (engine, why) in UNSERVED.items()
+               if getattr(shape, key) and engine in shape.engines}, **unread_switches(shape, SWITCH_READERS)}
 
 
 def target_notes(target_config: dict) -> list[str]:

@@ -121,6 +121,9 @@ class TrainSettings(_Section):
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * decay
 
 
+LAYOUT_SWITCHES = ("norm_before_fc", "fc_norm", "norm_output")  # DraftShape's switches of the drafter's network
+
+
 class DraftShape(_Section):
     """What the recipe decides about the drafter's shape (hidden size and heads follow the target),
     and the engines its exports must serve on: a layout one of them would run differently from
@@ -132,7 +135,13 @@ class DraftShape(_Section):
     aux_layer_ids: list[int] | None = None  # None: [1, L//2 - 1, L - 4]
     attention: str = "llama"  # the drafter's kind, a name in drafter/kinds (KINDS); "mla": the target's own MLA shape
     norm_before_fc: bool = False  # one RMSNorm over the 3H target features before fc (vLLM only)
+    fc_norm: bool = False  # EAGLE 3.1: one RMSNorm per aux layer's features before fc
+    norm_output: bool = False  # EAGLE 3.1: the post-norm state is fed back to the next draft step
     engines: tuple[Literal["sglang", "vllm"], ...] = ("sglang", "vllm")  # the exports written and checked
+
+    def layout(self) -> dict[str, bool]:
+        """The layout switches, as ``DrafterConfig.from_target`` takes them."""
+        return {k: getattr(self, k) for k in LAYOUT_SWITCHES}
 
     @field_validator("engines", mode="before")
     @classmethod

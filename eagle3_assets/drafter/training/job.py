@@ -53,7 +53,7 @@ def drafter_config(job: TrainJob, dataset: ShardDataset, target: OpenTarget | No
                          "re-extract with those layer_ids or drop aux_layer_ids from the recipe")
     cfg = DrafterConfig.from_target(target.config, draft_vocab_size=job.shape.draft_vocab_size,
                                     aux_layer_ids=wanted or stored, intermediate_size=job.shape.intermediate_size,
-                                    attention=job.shape.attention, norm_before_fc=job.shape.norm_before_fc)
+                                    attention=job.shape.attention, **job.shape.layout())
     if dataset.readers and dataset.hidden_size != cfg.target_hidden_size:
         raise ValueError(f"the hidden states have hidden size {dataset.hidden_size}, the target {cfg.target_hidden_size}")
     return cfg

@@ -10,6 +10,8 @@ three things only:
   the stream entering layer k), written at the top level and in ``eagle_config``;
 - vLLM's copy carries ``embed_tokens.weight`` (equal to the target's, so vLLM shares the target's)
   and ``norm_before_residual: false`` said outright;
+- (both write the EAGLE 3.1 switches ``fc_norm`` and ``norm_output``, on or off, at the top level,
+  where both engines read them, and ``fc_norm.{0,1,2}.weight`` with ``fc_norm``);
 - nothing else: ``model_type`` is ``deepseek_v2`` in both, because vLLM rewrites a
   ``deepseek_v3`` draft config into its MTP model (``Eagle3DeepSeekMTPModel not supported``).
 
@@ -25,7 +27,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eagle3_assets.drafter.export_files import DTYPES, export_weights, rebuild_drafter, write_dir_atomic
+from eagle3_assets.drafter.export_files import (
+    DTYPES,
+    export_weights,
+    rebuild_drafter,
+    switch_fields,
+    switch_problems,
+    switches_from_config,
+    write_dir_atomic,
+)
 from eagle3_assets.drafter.kinds.mla.attention import MLA_KEYS, mla_shape
 from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3_assets.drafter.rope import drafter_rope_scaling
@@ -65,7 +75,7 @@ def mla_config(cfg: DrafterConfig, *, dtype: str, engine: str) -> dict:
         "vocab_size": cfg.vocab_size, "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
         "attention_bias": False, "tie_word_embeddings": False,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
-        "torch_dtype": dtype,
+        **switch_fields(cfg), "torch_dtype": dtype,
     }
     if engine == "vllm":
         out.update(eagle_aux_hidden_state_layer_ids=ids, norm_before_residual=False)
@@ -101,7 +111,7 @@ def config_from_export(c: dict, engine: str) -> DrafterConfig:
         max_position_embeddings=c["max_position_embeddings"], vocab_size=c["vocab_size"],
         draft_vocab_size=c["draft_vocab_size"], target_hidden_size=c.get("target_hidden_size") or c["hidden_size"],
         aux_layer_ids=list(ids) if engine == "sglang" else [i - 1 for i in ids], rope_scaling=c.get("rope_scaling"),
-        hidden_act=c.get("hidden_act", "silu"), attention="mla", mla=mla_shape(c),
+        hidden_act=c.get("hidden_act", "silu"), attention="mla", mla=mla_shape(c), **switches_from_config(c, engine),
     )
 
 
@@ -158,7 +168,7 @@ def check_mla_export(export_dir: Path, engine: str) -> list[str]:
         names = set(f.keys())
         meta = {k: (f.get_slice(k).get_dtype(), f.get_slice(k).get_shape()) for k in ("d2t", "t2d", "lm_head.weight",
                                                                                       "fc.weight") if k in names}
-    problems += [f"model.safetensors lacks {k}" for k in REQUIRED if k not in names]
+    problems += [f"model.safetensors lacks {k}" for k in REQUIRED if k not in names] + switch_problems(c, names, engine)
     if engine == "vllm" and "embed_tokens.weight" not in names:
         problems.append("model.safetensors lacks embed_tokens.weight (vLLM's copy carries the target's)")
     if engine == "sglang" and "embed_tokens.weight" in names:
