@@ -23,13 +23,17 @@ HELD_OUT = ["What is the capital of Italy?", "Name two animals.", "What is 5+6? 
 
 def train_small_drafter(embedded, model_dir: Path, out_dir: Path, *, k: int = 3, layer_ids=None,
                         steps: int = 40, export_dtype: str = "float32", attention: str = "llama",
-                        questions: list[str] | None = None, max_new_tokens: int = 24) -> Path:
+                        questions: list[str] | None = None, max_new_tokens: int = 24, features: Path | None = None,
+                        **switches: bool) -> Path:
     """Train on ``questions`` (default ``TRAIN_QUESTIONS``) and return the vLLM export directory
     (speculators format, or vLLM's MLA layout for ``attention="mla"``). float32 by default, so vLLM
-    and the project's evaluator run the very same weights; aux layers default to the target's."""
-    features = answer_features(embedded, model_dir, Path(out_dir) / "features", questions or TRAIN_QUESTIONS,
+    and the project's evaluator run the very same weights; aux layers default to the target's.
+    ``features``: a shard directory of ``answer_features`` to reuse; ``switches``: EAGLE 3.1's
+    ``fc_norm``/``norm_output``."""
+    features = features or answer_features(embedded, model_dir, Path(out_dir) / "features", questions or TRAIN_QUESTIONS,
                                layer_ids=layer_ids, max_new_tokens=max_new_tokens)
-    model = train_on_features(features, model_dir, Path(out_dir) / "train", k=k, steps=steps, attention=attention)
+    model = train_on_features(features, model_dir, Path(out_dir) / "train", k=k, steps=steps, attention=attention,
+                              **switches)
     return export_vllm_float(model, model_dir, Path(out_dir) / "vllm", k=k, dtype=export_dtype)
 
 
@@ -55,8 +59,9 @@ def answer_features(embedded, model_dir: Path, out_dir: Path, questions: list[st
 
 def train_on_features(features: Path, model_dir: Path, out_dir: Path, *, k: int = 3, steps: int = 40,
                       attention: str = "llama", draft_vocab_size: int = 512, intermediate_size: int = 256,
-                      lr: float = 3e-3, max_length: int = 64):
-    """A drafter of ``attention`` kind trained by the project's trainer on a shard directory."""
+                      lr: float = 3e-3, max_length: int = 64, **switches: bool):
+    """A drafter of ``attention`` kind (with EAGLE 3.1's ``switches``) trained by the project's trainer
+    on a shard directory."""
     from eagle3_assets.drafter.model import DrafterConfig, build_drafter
     from eagle3_assets.drafter.target_weights import read_target_embeddings, read_target_lm_head
     from eagle3_assets.drafter.training.config import TrainSettings
@@ -70,7 +75,7 @@ def train_on_features(features: Path, model_dir: Path, out_dir: Path, *, k: int 
     teacher = Teacher(read_target_lm_head(model_dir).float(), vmap)
     dcfg = DrafterConfig.from_target(read_config(model_dir), draft_vocab_size=draft_vocab_size,
                                      intermediate_size=intermediate_size, attention=attention,
-                                     aux_layer_ids=dataset.aux_layer_ids)
+                                     aux_layer_ids=dataset.aux_layer_ids, **switches)
     model = build_drafter(dcfg, read_target_embeddings(model_dir), vmap, seed=0)
     settings = TrainSettings(max_steps=steps, batch_size=4, ttt_steps=k, lr=lr, warmup_steps=3,
                              checkpoint_every=steps, max_length=max_length)

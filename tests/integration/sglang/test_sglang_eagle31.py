@@ -1,0 +1,49 @@
+"""EAGLE 3.1 drafters served by SGLang's own EAGLE-3 worker (marked sglang): one drafter of each kind
+trained here with both switches on (``fc_norm``, ``norm_output``), exported for SGLang and served
+on its CPU engine; SGLang's per-request counters must equal the project's evaluator step for step, as
+for the 3.0 drafters of ``test_sglang_serving.py`` (SmolLM2, ``LlamaForCausalLMEagle3``) and
+``test_sglang_kimi.py`` (kimi-mini, ``Eagle3DeepseekV2ForCausalLM``). Had SGLang ignored a switch, it
+would run another network than the evaluator and the counts would part. Each server lives for its
+test alone.
+
+Scale: the 3.0 tests' (4 held-out prompts, replies of at most 16 tokens, 40 training steps).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3_assets.engines.sglang.server import SGLangServer
+from tests.integration.sglang.test_sglang_serving import MAX_NEW, PROMPTS, K, assert_same_acceptance, served_vs_project
+from tests.integration.vllm.test_vllm_eagle31 import SWITCHES, kimi_target
+from tests.support import small_drafter
+
+pytestmark = [pytest.mark.sglang, pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
+
+
+def counts_agree(target_dir, embedded, attention: str, tmp_path, tmp_path_factory) -> None:
+    from eagle3_assets.drafter.export import export_sglang
+
+    features = small_drafter.answer_features(embedded, target_dir, tmp_path / "features", small_drafter.TRAIN_QUESTIONS,
+                                             max_new_tokens=MAX_NEW)
+    model = small_drafter.train_on_features(features, target_dir, tmp_path / "train", k=K, attention=attention,
+                                            **SWITCHES)
+    export = export_sglang(model, tmp_path / "sglang", dtype="float32")
+    c = json.loads((export / "config.json").read_text())
+    assert (c["fc_norm"], c["norm_output"]) == (True, True)
+    prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in PROMPTS]
+    with SGLangServer(target_dir, attention_backend="intel_amx", drafter_dir=export, speculative_steps=K,
+                      workdir=tmp_path_factory.mktemp("s31")) as server:
+        engine, project, figures = served_vs_project(server.base_url, embedded, target_dir, export, prompts)
+    print(f"EAGLE 3.1 {attention} acceptance:", json.dumps(figures))
+    assert_same_acceptance(engine, project, figures)
+
+
+def test_sglang_counts_a_llama_style_eagle31_drafter_as_the_project_does(embedded, model_dir, tmp_path, tmp_path_factory):
+    counts_agree(model_dir, embedded, "llama", tmp_path, tmp_path_factory)
+
+
+def test_sglang_counts_an_mla_eagle31_drafter_as_the_project_does(kimi_mini_dir, tmp_path, tmp_path_factory):
+    counts_agree(kimi_mini_dir, kimi_target(kimi_mini_dir), "mla", tmp_path, tmp_path_factory)
