@@ -47,3 +47,12 @@ def test_sglang_counts_a_llama_style_eagle31_drafter_as_the_project_does(embedde
 
 def test_sglang_counts_an_mla_eagle31_drafter_as_the_project_does(kimi_mini_dir, tmp_path, tmp_path_factory):
     counts_agree(kimi_mini_dir, kimi_target(kimi_mini_dir), "mla", tmp_path, tmp_path_factory)
+
+
+def test_the_modules_named_as_reading_the_switches_read_them_in_the_installed_sglang():
+    from eagle3_assets.drafter.kinds.llama import SWITCH_READERS as LLAMA
+    from eagle3_assets.drafter.kinds.mla import SWITCH_READERS as MLA
+    from eagle3_assets.engines.sglang.server import default_python
+    from tests.support.engine_source import unread
+
+    assert unread(default_python(), LLAMA, "sglang") == [] and unread(default_python(), MLA, "sglang") == []
