@@ -17,7 +17,7 @@ import pytest
 
 from eagle3_assets.engines.sglang.server import SGLangServer
 from tests.integration.sglang.test_sglang_serving import MAX_NEW, PROMPTS, K, assert_same_acceptance, served_vs_project
-from tests.integration.vllm.test_vllm_eagle31 import SWITCHES, kimi_target
+from tests.integration.vllm.test_vllm_eagle31 import MLA_31_OPEN, SWITCHES, kimi_target
 from tests.support import small_drafter
 
 pytestmark = [pytest.mark.sglang, pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
@@ -45,6 +45,7 @@ def test_sglang_counts_a_llama_style_eagle31_drafter_as_the_project_does(embedde
     counts_agree(model_dir, embedded, "llama", tmp_path, tmp_path_factory)
 
 
+@MLA_31_OPEN
 def test_sglang_counts_an_mla_eagle31_drafter_as_the_project_does(kimi_mini_dir, tmp_path, tmp_path_factory):
     counts_agree(kimi_mini_dir, kimi_target(kimi_mini_dir), "mla", tmp_path, tmp_path_factory)
 
