@@ -65,12 +65,12 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
              "acceptance_length": b["acceptance_length"], "serve_command": f"`{b['serve_command']}`"}
             for e, per in result["best"].items() for c, b in per.items()]
     return dg.MaterializeResult(metadata={
-        "table": dg.MetadataValue.md(table_markdown(table, pooled_only=True)),
-        "table_per_category": dg.MetadataValue.md(table_markdown(table)),
-        "best_settings": dg.MetadataValue.md(md_table(best)),
+        "table": table_markdown(table, pooled_only=True),
+        "table_per_category": table_markdown(table),
+        "best_settings": md_table(best),
         "speedup_plot": dg.MetadataValue.md(speedup_plot(table)),
         "acceptance_plot": dg.MetadataValue.md(acceptance_plot(table)),
-        "provenance": dg.MetadataValue.md(provenance_markdown(table)),
+        "provenance": provenance_markdown(table),
         "mismatches": len(result["mismatches"]),
         "contaminated_prompts": len(result["contaminated"]),
         "engines_missing": json.dumps(result["missing"]),

@@ -10,12 +10,12 @@ COLUMNS = ("engine", "setting", "concurrency", "category", "acceptance_length", 
            "speedup", "outputs_equal_baseline")
 
 
-def table_markdown(table: list[dict], *, pooled_only: bool = False) -> str:
+def table_markdown(table: list[dict], *, pooled_only: bool = False):
     shown = [r for r in table if r["category"] == ALL] if pooled_only else table
     return md_table([{k: ("" if r[k] is None else r[k]) for k in COLUMNS} for r in shown])
 
 
-def provenance_markdown(table: list[dict]) -> str:
+def provenance_markdown(table: list[dict]):
     """One line per engine x setting: where its figures come from."""
     seen = {}
     for r in table:
