@@ -257,8 +257,9 @@ def _print_best(out: Path) -> None:
     print("fastest setting measured by the serving benchmark (serving.json), per engine and concurrency:")
     for engine, per in best.items():
         for conc, b in per.items():
+            slower = " (slower than the target alone: serve it without speculation there)" if b["speedup"] < 1 else ""
             print(f"  {engine} at concurrency {conc}: {b['setting']}, {b['speedup']}x, acceptance {b['acceptance_length']} "
-                  f"({b['provenance']['engine_version']})\n    {b['serve_command']}")
+                  f"({b['provenance']['engine_version']}){slower}\n    {b['serve_command']}")
 
 
 def cmd_serve_bench(args) -> int:

@@ -43,7 +43,7 @@ def _checks(result) -> dict:
     return {c.check_name: c for c in result.get_asset_check_evaluations()}
 
 
-def test_materialize_reuse_and_a_mismatch_that_fails_the_check(fake_engine, layout):
+def test_materialize_reuse_and_a_mismatch_that_fails_the_check(fake_engine, layout, capsys):
     with dg.instance_for_test() as instance:
         result = _materialize(instance)
         assert result.success
@@ -55,6 +55,11 @@ def test_materialize_reuse_and_a_mismatch_that_fails_the_check(fake_engine, layo
         best = json.loads((layout.drafter_dir("demo") / "serving.json").read_text())
         assert set(best["fake"]) == {"1", "2"} and best["fake"]["1"]["serve_command"].startswith("fake-serve")
         assert best["fake"]["1"]["provenance"]["engine_version"] == "fake 1.0"
+        from eagle3_assets.cli import _print_best
+
+        _print_best(layout.drafter_dir("demo"))
+        printed = capsys.readouterr().out
+        assert "fake at concurrency 1: chain" in printed and best["fake"]["1"]["serve_command"] in printed
 
         again = _materialize(instance)
         meta = again.asset_materializations_for_node("serving_benchmark")[0].metadata
