@@ -242,7 +242,43 @@ def cmd_export(args) -> int:
               f"--speculative-draft-model-path {out / 'sglang'}")
     if "vllm" in engines:
         print(f"  vllm serve {out / 'vllm'}")
+    _print_best(out)
     return 0
+
+
+def _print_best(out: Path) -> None:
+    """The serving benchmark's best setting per engine and concurrency (``serving.json``), as a serve command."""
+    from eagle3_assets.serving.stage import read_best
+
+    best = read_best(out)
+    if not best:
+        print(f"no serving benchmark yet (serving.json): `eagle3 serve-bench {out.name}` measures the best setting")
+        return
+    print("fastest setting measured by the serving benchmark (serving.json), per engine and concurrency:")
+    for engine, per in best.items():
+        for conc, b in per.items():
+            slower = " (slower than the target alone: serve it without speculation there)" if b["speedup"] < 1 else ""
+            print(f"  {engine} at concurrency {conc}: {b['setting']}, {b['speedup']}x, acceptance {b['acceptance_length']} "
+                  f"({b['provenance']['engine_version']}){slower}\n    {b['serve_command']}")
+
+
+def cmd_serve_bench(args) -> int:
+    """``serving_benchmark[recipe]`` in this process, recorded in the instance (visible in the UI)."""
+    import time
+
+    from eagle3_assets.launch import materialize_selection, report_result
+
+    layout = DataLayout.from_env(args.root)
+    ints = lambda s: [int(x) for x in s.split(",") if x.strip()]  # noqa: E731
+    config = {"chains": ints(args.chains), "concurrency": ints(args.concurrency), "max_new_tokens": args.max_new_tokens,
+              "engines": [e for e in args.engines.split(",") if e], "files": [str(Path(f).resolve()) for f in args.file],
+              "per_category": args.per_category}
+    t0 = time.perf_counter()
+    result = materialize_selection(_instance(layout), ["serving_benchmark"], args.recipe,
+                                   {"ops": {"serving_benchmark": {"config": config}}})
+    ok = report_result(result, f"serving_benchmark[{args.recipe}]", t0)
+    _print_best(layout.drafter_dir(args.recipe))
+    return 0 if ok else 1
 
 
 def cmd_recover(args) -> int:
@@ -325,6 +361,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("export", help="print a recipe's drafter exports, validate them, compare their aux layers with training")
     p.add_argument("recipe")
     p.set_defaults(fn=cmd_export)
+    p = sub.add_parser("serve-bench", help="serve a recipe's exports in each engine against the target alone and sweep")
+    p.add_argument("recipe")
+    p.add_argument("--chains", default="1,3", help="chain lengths to sweep (draft tokens per step)")
+    p.add_argument("--concurrency", default="1,4", help="requests in flight")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--per-category", type=int, default=2, help="prompts per category (0: all)")
+    p.add_argument("--engines", default="", help="comma-separated serve engines (default: every one)")
+    p.add_argument("--file", action="append", default=[], help="a benchmark file (MT-bench, SPEED-Bench or project rows)")
+    p.set_defaults(fn=cmd_serve_bench)
     p = sub.add_parser("ui", help="serve the Dagster webserver and daemon on 127.0.0.1")
     p.add_argument("--port", type=int, default=3000)
     p.set_defaults(fn=cmd_ui)

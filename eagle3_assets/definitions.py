@@ -23,6 +23,8 @@ from eagle3_assets.resources import (
 )
 from eagle3_assets.runs import executor as frees_dead_slots_executor
 from eagle3_assets.sensors import prompt_files_sensor, run_failure_alerts
+from eagle3_assets.serving.assets import serving_benchmark
+from eagle3_assets.serving.checks import SERVING_CHECKS
 from eagle3_assets.tokens.assets import token_ids
 from eagle3_assets.tokens.checks import TOKEN_CHECKS
 
@@ -69,8 +71,8 @@ def default_resources() -> dict:
 DATA_CHECKS = [*TOKEN_CHECKS, *CORPUS_CHECKS]
 
 # GPU stages never start by themselves: they run when launched or backfilled.
-GPU_ASSETS = [hidden_states, drafter_checkpoint]
-GPU_CHECKS = [shard_integrity, drafter_acceptance]
+GPU_ASSETS = [hidden_states, drafter_checkpoint, serving_benchmark]
+GPU_CHECKS = [shard_integrity, drafter_acceptance, *SERVING_CHECKS]
 ALL_ASSETS = [*DATA_ASSETS, *GPU_ASSETS]
 ALL_CHECKS = [*DATA_CHECKS, *GPU_CHECKS]
 

@@ -181,8 +181,8 @@ def compare(project: dict, engine: EngineAcceptance, name: str) -> dict:
 
 @runtime_checkable
 class Serve(Protocol):
-    """Serve the target with a drafter's export for this engine (``drafters/<recipe>/<engine>/``) and
-    report the acceptance its own counters give. ``server`` is a context manager (started on enter,
+    """Serve the target with a drafter's export for this engine (``drafters/<recipe>/<engine>/``), or
+    alone, and report the acceptance its own counters give. ``server`` is a context manager (started on enter,
     stopped on exit) whose ``url`` the ``acceptance`` call takes."""
 
     def server(self, model_dir, drafter_dir, *, k: int, python: str = ""): ...
@@ -192,3 +192,21 @@ class Serve(Protocol):
     def acceptance(self, url: str, prompts: Sequence[Sequence[int]], *, k: int, max_new_tokens: int,
                    greedy_reference: Sequence[Sequence[int]] | None = None,
                    stop_token_ids: Sequence[int] = ()) -> EngineAcceptance: ...
+
+    # the serving benchmark (eagle3_assets/serving/): ``server`` with ``drafter_dir`` None serves the target alone
+    takes_trees: bool  # drafts trees (top-k > 1) as well as chains
+
+    def missing(self, python: str = "") -> str | None: ...  # why the engine is not on this machine
+
+    def version(self, python: str = "") -> str: ...
+
+    def problem(self, model_dir, drafter_dir, python: str = "") -> str | None: ...  # why it cannot serve this layout
+
+    def timed(self, client, url: str, ids: Sequence[int], *, max_new_tokens: int,
+              stop_token_ids: Sequence[int] = (), model: str = ""): ...  # a streamed request, engines.stream.Streamed
+
+    def counters(self, client, url: str) -> dict: ...  # the server's counters now (before and after a batch)
+
+    def batch_acceptance(self, before: dict, after: dict, replies, steps: int) -> dict: ...
+
+    def user_command(self, model_dir, drafter_dir, *, k: int, topk: int = 1, draft_tokens: int = 0) -> str: ...

@@ -75,13 +75,19 @@ def _free_port() -> int:
 
 
 class SGLangServe:
-    """An SGLang server speculating with the drafter's SGLang export (a chain of ``k`` steps); its
+    """An SGLang server speculating with the drafter's SGLang export (``k`` steps; a chain, or a tree of
+    ``topk`` branches and ``draft_tokens`` nodes), or the target alone (no ``drafter_dir``); its
     per-request counters are the acceptance."""
 
-    def server(self, model_dir, drafter_dir, *, k: int, python: str = ""):
+    takes_trees = True
+
+    def server(self, model_dir, drafter_dir, *, k: int, python: str = "", topk: int = 1, draft_tokens: int = 0):
         from eagle3_assets.engines.sglang.server import SGLangServer
 
-        return SGLangServer(model_dir, python=python, drafter_dir=drafter_dir, speculative_steps=k)
+        if drafter_dir is None:  # the same attention backend as the speculating server: one engine, two settings
+            return SGLangServer(model_dir, python=python, attention_backend="intel_amx")
+        return SGLangServer(model_dir, python=python, drafter_dir=drafter_dir, speculative_steps=k, attention_backend="intel_amx",
+                            speculative_topk=topk, speculative_draft_tokens=draft_tokens)
 
     def url(self, server) -> str:
         return server.base_url
@@ -91,6 +97,46 @@ class SGLangServe:
 
         return measure_acceptance(url, prompts, k=k, max_new_tokens=max_new_tokens, greedy_reference=greedy_reference,
                                   stop_token_ids=stop_token_ids)
+
+    def missing(self, python: str = "") -> str | None:
+        from eagle3_assets.engines.sglang.server import default_python, sglang_available
+
+        return None if sglang_available(python or None) else f"no SGLang environment at {python or default_python()}"
+
+    def version(self, python: str = "") -> str:
+        from eagle3_assets.engines.sglang.server import default_python, installed_version
+
+        return f"sglang {installed_version(python or default_python())}"
+
+    def problem(self, model_dir, drafter_dir, python: str = "") -> str | None:
+        from eagle3_assets.engines.sglang.server import default_python, installed_version, serving_problem
+        from eagle3_assets.engines.sglang.versions import require_supported_sglang
+        from eagle3_assets.engines.versions import EngineVersionError
+
+        version = installed_version(python or default_python())
+        try:
+            require_supported_sglang(version, python or default_python())
+        except EngineVersionError as e:
+            return str(e)
+        return serving_problem(version, model_dir, drafter_dir)
+
+    def timed(self, client, url, ids, *, max_new_tokens, stop_token_ids=(), model: str = ""):
+        from eagle3_assets.engines.sglang.serving import timed_generate
+
+        return timed_generate(client, url, ids, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids)
+
+    def counters(self, client, url) -> dict:
+        return {}  # per request, in each reply
+
+    def batch_acceptance(self, before, after, replies, steps: int) -> dict:
+        from eagle3_assets.engines.sglang.serving import batch_acceptance
+
+        return batch_acceptance(replies, steps)
+
+    def user_command(self, model_dir, drafter_dir, *, k: int, topk: int = 1, draft_tokens: int = 0) -> str:
+        from eagle3_assets.engines.sglang.serving import user_command
+
+        return user_command(model_dir, drafter_dir, k, topk, draft_tokens)
 
 
 GENERATE = SGLangGenerate()

@@ -50,12 +50,17 @@ class VLLMExtract:
 
 
 class VLLMServe:
-    """A vLLM server with the drafter's vLLM export as its speculative config (``k`` tokens); its
-    Prometheus counters, read before and after, are the acceptance."""
+    """A vLLM server with the drafter's vLLM export as its speculative config (``k`` tokens), or the
+    target alone (no ``drafter_dir``); its Prometheus counters, read before and after, are the
+    acceptance. vLLM's EAGLE-3 drafts chains only (``takes_trees``)."""
 
-    def server(self, model_dir, drafter_dir, *, k: int, python: str = ""):
+    takes_trees = False
+
+    def server(self, model_dir, drafter_dir, *, k: int, python: str = "", topk: int = 1, draft_tokens: int = 0):
         from eagle3_assets.engines.vllm.server import VLLMServer
 
+        if drafter_dir is None:
+            return VLLMServer(model_dir, role="generate", python=python)
         return VLLMServer(model_dir, role="speculate", drafter_dir=drafter_dir, num_speculative_tokens=k, python=python)
 
     def url(self, server) -> str:
@@ -66,6 +71,41 @@ class VLLMServe:
 
         return measure_acceptance(url, prompts, k=k, max_new_tokens=max_new_tokens, greedy_reference=greedy_reference,
                                   stop_token_ids=stop_token_ids)
+
+    def missing(self, python: str = "") -> str | None:
+        from eagle3_assets.engines.vllm.server import default_python, vllm_available
+
+        return None if vllm_available(python or None) else f"no vLLM environment at {python or default_python()}"
+
+    def version(self, python: str = "") -> str:
+        from eagle3_assets.engines.vllm.server import default_python, engine_info
+
+        return " ".join(engine_info(python or default_python()))
+
+    def problem(self, model_dir, drafter_dir, python: str = "") -> str | None:
+        from eagle3_assets.engines.vllm.server import default_python, serving_problem
+
+        return serving_problem(python or default_python(), "speculate", model_dir, drafter_dir)
+
+    def timed(self, client, url, ids, *, max_new_tokens, stop_token_ids=(), model: str = ""):
+        from eagle3_assets.engines.vllm.serving import timed_completion
+
+        return timed_completion(client, url, model, ids, max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids)
+
+    def counters(self, client, url) -> dict:
+        from eagle3_assets.engines.vllm.serving import counters
+
+        return counters(client, url)
+
+    def batch_acceptance(self, before, after, replies, steps: int) -> dict:
+        from eagle3_assets.engines.vllm.serving import batch_acceptance
+
+        return batch_acceptance(before, after, replies, steps)
+
+    def user_command(self, model_dir, drafter_dir, *, k: int, topk: int = 1, draft_tokens: int = 0) -> str:
+        from eagle3_assets.engines.vllm.serving import user_command
+
+        return user_command(model_dir, drafter_dir, k)
 
 
 GENERATE = VLLMGenerate()

@@ -49,7 +49,10 @@ def test_graph_shape():
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert keys == {"prompts", "raw_responses", "token_ids", "inventory", "merged_corpus", "hidden_states",
-                    "drafter_checkpoint"}
+                    "drafter_checkpoint", "serving_benchmark"}
+    serving = next(k for k in graph.get_all_asset_keys() if k.to_user_string() == "serving_benchmark")
+    assert {k.to_user_string() for k in graph.get(serving).parent_keys} == {"drafter_checkpoint"}
     blocking = {c.name for c in defs.resolve_asset_graph().asset_check_keys}
     assert {"special_tokens_valid", "reconstruction_consistency", "token_rows_intact", "token_budget", "corpus_integrity",
-            "shard_integrity", "drafter_acceptance"} <= blocking
+            "shard_integrity", "drafter_acceptance", "serving_outputs_equal_baseline", "serving_prompts_not_trained_on",
+            "serving_provenance"} <= blocking

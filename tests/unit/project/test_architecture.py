@@ -240,6 +240,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("corpus", ("eagle3_assets.corpus",)),
     ("hidden_states", ("eagle3_assets.hidden_states",)),
     ("drafter", ("eagle3_assets.drafter",)),
+    ("serving", ("eagle3_assets.serving",)),
     ("top", ("eagle3_assets.definitions", "eagle3_assets.cli", "eagle3_assets.demo", "eagle3_assets.launch",
              "eagle3_assets.graphql_client", "eagle3_assets.sensors", "eagle3_assets.loopback",
              "benchmarks")),
