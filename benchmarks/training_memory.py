@@ -19,7 +19,9 @@ H100 (79.6 GiB) and an H200 (139.7 GiB).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,11 +189,15 @@ def main() -> None:
                  ("kimi-k2.5", KIMI, "mla", [128, 64, 64], both),
                  # a 1.2B Llama-style drafter under CPU autocast does not fit beside the rest in 24 GiB
                  ("kimi-k2.5", KIMI, "llama", [128, 64, 64], (torch.float32,))]
-        for name, text, att, lengths, dtypes in cases:
-            for dtype in dtypes:
-                for row in cpu_rows(name, text, attention=att, lengths=lengths, dtype=dtype):
-                    figures[f"{name} {att} {row['dtype']} {row['loss']}"] = row
-                    print(row, flush=True)
+        # one fresh process per drafter: what one case leaves in the allocator must not push the next out of memory
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn, max_tasks_per_child=1) as pool:
+            for name, text, att, lengths, dtypes in cases:
+                for dtype in dtypes:
+                    rows = pool.submit(cpu_rows, name, text, attention=att, lengths=lengths, dtype=dtype).result()
+                    for row in rows:
+                        figures[f"{name} {att} {row['dtype']} {row['loss']}"] = row
+                        print(row, flush=True)
     for k, v in kimi_plans().items():
         figures[f"plan {k}"] = v
         print(k, v)
