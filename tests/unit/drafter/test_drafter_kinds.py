@@ -118,7 +118,7 @@ def test_a_fake_kind_reaches_the_model_and_every_export_entry_point(fake_kind, t
     assert json.loads((sglang / "config.json").read_text())["architectures"] == [FAKE_ARCH]
     assert json.loads((vllm / "config.json").read_text())["engine"] == "vllm"
     assert fake_kind[:2] == [("export", "sglang", {}),
-                             ("export", "vllm", {"verifier": "/v", "verifier_architectures": None, "speculative_tokens": 5})]
+                             ("export", "vllm", {"verifier": "/v", "speculative_tokens": 5})]
 
     loaded = formats.load("sglang", sglang, embeddings)
     assert fake_kind[-1] == ("load", "sglang") and type(loaded.midlayer.self_attn) is FakeAttention
@@ -157,3 +157,17 @@ def test_the_architecture_page_names_the_files_a_new_kind_touches():
     for field in kinds.DrafterKind.__dataclass_fields__:  # every part of a kind is named in the step
         assert field in ("name", "attention") or f"`{field}`" in step, field
     assert "`KINDS`" in step and "`DrafterKind`" in step
+
+
+def test_the_architecture_page_names_every_part_of_a_serving_format():
+    """docs/architecture.md's step for a new serving format names the registry line and every field."""
+    from eagle3_assets.paths import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    step = text[text.index("- **A new serving format**"):]
+    step = step[:step.index("\n- **", 1)]
+    assert "`FORMATS`" in step and "`ServingFormat`" in step and "drafter/formats/__init__.py" in step
+    for field in formats.ServingFormat.__dataclass_fields__:
+        assert field in ("kind", "engine") or f"`{field}`" in step, field
+    for kind, engine in formats.FORMATS:  # every registered format is the module the step says
+        assert (REPO_ROOT / "eagle3_assets" / "drafter" / "formats" / f"{kind}_{engine}.py").exists()
