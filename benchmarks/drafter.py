@@ -209,7 +209,7 @@ def main() -> None:
                                training=recipe.training.model_copy(update={"max_steps": args.steps, "epochs": None,
                                                                            "warmup_steps": 0}),
                                shape=recipe.shape, runtime=RuntimeSettings(threads=args.threads, progress=False),
-                               export=ExportSettings(vllm=False) if (copies, mode) == (1, "stream") else None)
+                               export=ExportSettings(engines=("sglang",)) if (copies, mode) == (1, "stream") else None)
                 runs[copies, mode] = measured(job.write(root / f"job-{copies}-{mode}.json"), mode)
             scans = {m: measured(root / f"job-{copies}-stream.json", m) for m in ("pread", "mmap")}
             runs[copies, "stream"]["scan"] = scans
@@ -238,10 +238,10 @@ def main() -> None:
         print(f"at {args.scale}x, streaming / in-memory: peak RSS {s8['peak_rss_mib'] / m8['peak_rss_mib']:.3f}, "
               f"tokens/s {s8['tokens_per_s'] / m8['tokens_per_s']:.3f}")
 
-        from eagle3_assets.drafter.export import load_sglang
+        from eagle3_assets.drafter import formats
         from eagle3_assets.drafter.target_weights import read_target_embeddings
 
-        drafter = load_sglang(runs[1, "stream"]["sglang_dir"], read_target_embeddings(model_dir)).float().eval()
+        drafter = formats.load("sglang", runs[1, "stream"]["sglang_dir"], read_target_embeddings(model_dir)).float().eval()
     k, n_new = ev.speculative_k, ev.eval_max_new_tokens
     greedy = [greedy_generate(target.model, p, max_new_tokens=n_new, stop_ids=target.stop_ids) for p in held_out]
     print(f"acceptance on {len(held_out)} held-out prompts (k={k}, max_new_tokens={n_new}) after {args.steps} steps:")

@@ -111,7 +111,7 @@ def fit_row(root: Path, name: str, threads: int, piece_steps: int) -> dict:
                    training=recipe.training, shape=recipe.shape,
                    runtime=RuntimeSettings(threads=threads, progress=False,
                                            stop_after=done + piece_steps if piece_steps else None),
-                   export=ExportSettings(sglang="sglang" in recipe.shape.engines, vllm="vllm" in recipe.shape.engines))
+                   export=ExportSettings())
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "eagle3_assets.drafter.training", "--config", str(job.write(out / "job.json"))],
                    check=True, stdout=subprocess.DEVNULL)

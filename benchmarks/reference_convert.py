@@ -197,11 +197,11 @@ def drafter_from_speculators(ckpt_dir: Path | str, target_dir: Path | str):
 def to_project(ckpt_dir: Path | str, out_dir: Path | str, target_dir: Path | str) -> Path:
     """Write ``<out_dir>/sglang`` (the layout ``drafter.evaluate.load_export`` reads) from a
     speculators checkpoint."""
-    from eagle3_assets.drafter.export import check_sglang_export, export_sglang
+    from eagle3_assets.drafter import formats
 
     model = drafter_from_speculators(ckpt_dir, target_dir)
-    path = export_sglang(model, Path(out_dir) / "sglang", dtype="bfloat16")  # the checkpoint's own dtype
-    problems = check_sglang_export(path)
+    path = formats.export("sglang", model, Path(out_dir) / "sglang", dtype="bfloat16")  # the checkpoint's own dtype
+    problems = formats.check("sglang", path)
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems))
     return path

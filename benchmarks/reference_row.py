@@ -184,8 +184,8 @@ def evaluate(root: Path, name: str, checkpoint: Path, run_dir: Path) -> dict:
     own drafts, speculators' checkpoint as the vLLM export, the replay evaluator."""
     from reference_convert import draft_agreement, to_project
 
+    from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.evaluate import load_export
-    from eagle3_assets.drafter.export import check_vllm_export
     from eagle3_assets.drafter.target_weights import read_target_embeddings
     from eagle3_assets.paths import DataLayout
     from eagle3_assets.target.embedded import ensure_default_model
@@ -203,7 +203,7 @@ def evaluate(root: Path, name: str, checkpoint: Path, run_dir: Path) -> dict:
     parity = draft_agreement(drafter, Path(run_dir) / "parity.safetensors")
     replay = replay_row(root, name)
     return {"export": {"sglang": str(sglang), "vllm": str(vllm), "checkpoint": str(checkpoint),
-                       "vllm_export_problems": check_vllm_export(vllm)},
+                       "vllm_export_problems": formats.check("vllm", vllm)},
             "parity": parity, "replay": replay}
 
 

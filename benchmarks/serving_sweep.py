@@ -32,13 +32,13 @@ def _ints(s: str) -> list[int]:
 
 
 def small_drafter_dir(embedded, model_dir, out: Path, k: int) -> Path:
-    from eagle3_assets.drafter.export import export_sglang, export_vllm
+    from eagle3_assets.drafter import formats
     from tests.support import small_drafter
 
     features = small_drafter.answer_features(embedded, model_dir, out / "features", small_drafter.TRAIN_QUESTIONS)
     model = small_drafter.train_on_features(features, model_dir, out / "train", k=k)
-    export_sglang(model, out / "sglang", dtype="float32")
-    export_vllm(model, out / "vllm", dtype="float32", verifier=str(model_dir), speculative_tokens=k)
+    formats.export("sglang", model, out / "sglang", dtype="float32")
+    formats.export("vllm", model, out / "vllm", dtype="float32", verifier=str(model_dir), speculative_tokens=k)
     return out
 
 

@@ -39,7 +39,7 @@ def main(argv=None) -> None:
 
     import torch
 
-    from eagle3_assets.drafter.export import export_sglang, export_vllm, load_sglang
+    from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
     from eagle3_assets.drafter.target_weights import read_target_embeddings
     from eagle3_assets.engines.sglang import acceptance as sglang_acceptance
@@ -71,10 +71,10 @@ def main(argv=None) -> None:
         features = small_drafter.answer_features(embedded, model_dir, tmp / "features", small_drafter.TRAIN_QUESTIONS,
                                                  max_new_tokens=args.max_new)
         model = small_drafter.train_on_features(features, model_dir, tmp / "train", k=K, attention="mla" if kimi else "llama")
-        sglang_dir = export_sglang(model, tmp / "sglang", dtype="float32")
-        vllm_dir = export_vllm(model, tmp / "vllm", dtype="float32", verifier=str(model_dir), speculative_tokens=K)
+        sglang_dir = formats.export("sglang", model, tmp / "sglang", dtype="float32")
+        vllm_dir = formats.export("vllm", model, tmp / "vllm", dtype="float32", verifier=str(model_dir), speculative_tokens=K)
 
-        drafter = load_sglang(sglang_dir, read_target_embeddings(model_dir)).float().eval()
+        drafter = formats.load("sglang", sglang_dir, read_target_embeddings(model_dir)).float().eval()
         t0 = time.perf_counter()
         project = evaluate_acceptance(embedded.model, drafter, prompts, k=K, max_new_tokens=args.max_new,
                                       stop_ids=embedded.stop_ids, greedy_reference=greedy)

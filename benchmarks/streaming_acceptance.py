@@ -134,7 +134,7 @@ def main() -> int:
         ex = LocalExtractor(model, layer_ids=LAYER_IDS, device="cpu", dtype="float32")
         extract_corpus(data, tmp / "shards", ex, batch_tokens=longest)
         del ex
-        export = ExportSettings(sglang=True, vllm=False, dtype="float32")
+        export = ExportSettings(engines=("sglang",), dtype="float32")
 
         def settings(seed):
             return training(epochs=a.epochs, batch_size=a.batch, checkpoint_every=1000, max_length=256, seed=seed)

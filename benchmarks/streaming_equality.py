@@ -130,7 +130,7 @@ def one_batching(tmp: Path, model, corpora: dict, batch_tokens: int, settings) -
     for name, path in corpora.items():
         extract_corpus(path, shards[name], ex, batch_tokens=batch_tokens, shard_bytes=1 << 40)
     del ex
-    export = ExportSettings(sglang=True, vllm=False, dtype="float32")
+    export = ExportSettings(engines=("sglang",), dtype="float32")
     datasets = {str(d): 1.0 for d in shards.values()}
     off = run_job(train_job(model, out / "offline", datasets=datasets, settings=settings).model_copy(update={"export": export}))
     loader = ShardBatches(ShardDataset(datasets, max_length=settings.max_length, seed=settings.seed), settings.batch_size,

@@ -118,7 +118,7 @@ def acceptance(model_dir: Path, args) -> None:
         print(json.dumps({k: v for k, v in r.items() if k != "engine"}, indent=2))
         FIGURES["acceptance"] = {k: v for k, v in r.items() if k != "engine"}
         return
-    from eagle3_assets.drafter.export import load_vllm
+    from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
     from eagle3_assets.target.embedded import EmbeddedModel
     from tests.support.small_drafter import HELD_OUT, train_small_drafter
@@ -129,7 +129,7 @@ def acceptance(model_dir: Path, args) -> None:
         prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in HELD_OUT]
         greedy = [greedy_generate(embedded.model, p, max_new_tokens=args.max_new_tokens, stop_ids=embedded.stop_ids)
                   for p in prompts]
-        project = evaluate_acceptance(embedded.model, load_vllm(export).float().eval(), prompts, k=args.k,
+        project = evaluate_acceptance(embedded.model, formats.load("vllm", export).float().eval(), prompts, k=args.k,
                                       max_new_tokens=args.max_new_tokens, stop_ids=embedded.stop_ids,
                                       greedy_reference=greedy)
         with VLLMServer(model_dir, role="speculate", drafter_dir=export, num_speculative_tokens=args.k) as server:

@@ -137,7 +137,7 @@ def extraction(kimi, questions: list[str], args) -> None:
 
 
 def drafters(kimi, train_q: list[str], eval_q: list[str], args) -> None:
-    from eagle3_assets.drafter.export import load_vllm
+    from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
     from eagle3_assets.engines.vllm.acceptance import compare, measure_acceptance
     from tests.support.small_drafter import answer_features, export_vllm_float, train_on_features
@@ -156,7 +156,7 @@ def drafters(kimi, train_q: list[str], eval_q: list[str], args) -> None:
                                       attention=kind, draft_vocab_size=2048, intermediate_size=128)
             secs = time.perf_counter() - t0
             exports[kind] = export_vllm_float(model, kimi.model_dir, Path(tmp) / f"{kind}-vllm", k=args.k)
-            served = load_vllm(exports[kind]).float().eval()  # what vLLM loads, rebuilt from the files
+            served = formats.load("vllm", exports[kind]).float().eval()  # what vLLM loads, rebuilt from the files
             rep = evaluate_acceptance(kimi.model, served, prompts, k=args.k, max_new_tokens=args.max_new_tokens,
                                       stop_ids=kimi.stop_ids, greedy_reference=greedy)
             reports[kind] = rep

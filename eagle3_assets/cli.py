@@ -214,10 +214,12 @@ def cmd_export(args) -> int:
     from eagle3_assets.drafter.export_review import evaluation_link_problems, review_exports
     from eagle3_assets.drafter.recipes import load_recipe
     from eagle3_assets.drafter.training.acceptance import exported_line
+    from eagle3_assets.engines import engine_role
 
     layout = DataLayout.from_env(args.root)
     out = layout.drafter_dir(args.recipe)
-    engines = load_recipe(args.recipe).shape.engines
+    recipe = load_recipe(args.recipe)
+    engines = recipe.shape.engines
     print(f"recipe            {args.recipe}\ndrafter dir       {out}\n"
           + "".join(f"{e + ' export':<18}{out / e}\n" for e in engines), end="")
     if (out / "result.json").exists() and (line := exported_line(json.loads((out / "result.json").read_text()))):
@@ -237,11 +239,9 @@ def cmd_export(args) -> int:
             print(f"  - {p}", file=sys.stderr)
         return 2 if review.layer_problems or linked else 1
     print("exports ok, name the trained layers and are the files eval.json measured; serve them with:")
-    if "sglang" in engines:
-        print(f"  python -m sglang.launch_server --model-path <target> --speculative-algorithm EAGLE3 "
-              f"--speculative-draft-model-path {out / 'sglang'}")
-    if "vllm" in engines:
-        print(f"  vllm serve {out / 'vllm'}")
+    k = recipe.evaluation.speculative_k
+    for e in engines:  # each engine's serve role says its command
+        print(f"  {engine_role('serve', e).user_command('<target>', out / e, k=k)}")
     _print_best(out)
     return 0
 

@@ -12,7 +12,7 @@ from typing import Any
 import dagster as dg
 
 from eagle3_assets.drafter.evaluate import eval_prompts, evaluate_drafter, train_split_sizes
-from eagle3_assets.drafter.kinds import get_kind
+from eagle3_assets.drafter.formats import serving_engines, target_notes
 from eagle3_assets.drafter.recipes import RecipeError, list_recipes, load_recipe
 from eagle3_assets.engines import engine_resources
 from eagle3_assets.hidden_states.assets import ExtractionBackend, hidden_states
@@ -125,7 +125,7 @@ def producer_launcher(context, config: DrafterTrainingConfig, layout):
     group_name="drafter",
     kinds={"pytorch", "safetensors"},
     pool="gpu",
-    description="EAGLE-3 drafter trained on the recipe's hidden-state shards, exported for SGLang and vLLM.",
+    description="EAGLE-3 drafter trained on the recipe's hidden-state shards, exported for each serving engine its recipe names.",
     # slurm: the launcher's cluster; and every resource an engine serving extract reads (streaming's producers)
     required_resource_keys={"storage", "target", "slurm", *engine_resources("extract")},
 )
@@ -139,7 +139,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
     out.mkdir(parents=True, exist_ok=True)
     spec = target.spec()
     try:
-        notes = get_kind(recipe.shape.attention).target_notes(spec.config)
+        notes = target_notes(recipe.shape.attention, spec.config)
     except ValueError as exc:
         raise RecipeError(f"recipe {recipe.name}: field 'attention': {exc}") from None
     for note in notes:
@@ -165,8 +165,7 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
                                 micro_batch_tokens=config.micro_batch_tokens,
                                 activation_checkpointing=config.activation_checkpointing,
                                 loss_chunk_rows=config.loss_chunk_rows, memory_fraction=config.memory_fraction),
-        export=ExportSettings(speculative_k=recipe.evaluation.speculative_k, sglang="sglang" in recipe.shape.engines,
-                              vllm="vllm" in recipe.shape.engines), pipes_asset_key="drafter_checkpoint",
+        export=ExportSettings(speculative_k=recipe.evaluation.speculative_k), pipes_asset_key="drafter_checkpoint",
     )
     launcher = open_launcher(config.launcher, context, config, layout)
     plan = preflight_memory(recipe.name, job, spec.config, config, nodes=launcher.nodes)
@@ -237,7 +236,6 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
             "attention": recipe.shape.attention,
             "serving_notes": "; ".join(notes) or "none",
             "memory_layout": json.dumps(result.get("memory_layout")),
-            "sglang_export": dg.MetadataValue.path(str(out / "sglang")),
-            "vllm_export": dg.MetadataValue.path(str(out / "vllm")),
+            **{f"{engine}_export": dg.MetadataValue.path(str(out / engine)) for engine in serving_engines()},
         }
     )

@@ -30,8 +30,8 @@ def acceptance_problems(ev: dict, settings) -> list[str]:
 
 
 @dg.asset_check(asset=drafter_checkpoint, blocking=True, partitions_def=recipe_partitions,
-                description="The SGLang and vLLM exports follow their serving contracts (rope, aux layers) and "
-                            "name the aux layers the drafter was trained on, and every file of each is the one "
+                description="Each serving engine's export follows its serving contract (rope, aux layers) and "
+                            "names the aux layers the drafter was trained on, and every file of each is the one "
                             "eval.json fingerprinted; speculative decoding on held-out prompts reaches the recipe's "
                             "acceptance floor, beats an untrained drafter by the recipe's margin and reproduces "
                             "greedy decoding.")

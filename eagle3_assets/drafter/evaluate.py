@@ -48,20 +48,18 @@ def eval_prompts(layout, datasets, limit: int) -> list[list[int]]:
 
 
 def load_export(out_dir: Path, embeddings):
-    """The trained drafter rebuilt from its SGLang export, or its vLLM one when it has no other."""
-    from eagle3_assets.drafter.export import load_sglang, load_vllm
+    """The trained drafter rebuilt from the export the evaluator reads (``formats.evaluated_export_dir``)."""
+    from eagle3_assets.drafter import formats
 
-    out_dir = Path(out_dir)
-    if (out_dir / "sglang" / "config.json").exists():
-        return load_sglang(out_dir / "sglang", embeddings)
-    return load_vllm(out_dir / "vllm", embeddings)
+    export_dir = formats.evaluated_export_dir(out_dir)
+    return formats.load(export_dir.name, export_dir, embeddings)
 
 
 def evaluate_drafter(model_dir: Path, out_dir: Path, prompts: list[list[int]], recipe, stop_ids: list[int]) -> dict:
     """Acceptance of the exported drafter (loaded from its files alone, under ``out_dir``) and of
     an untrained one; decoding stops on ``stop_ids`` (the target's eos ids and end of turn:
     ``TargetSpec.stop_token_ids``)."""
-    from eagle3_assets.drafter.export_review import evaluated_export_dir
+    from eagle3_assets.drafter.formats import evaluated_export_dir
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate, untrained_baseline
     from eagle3_assets.drafter.target_weights import read_target_embeddings
     from eagle3_assets.target.loading import load_causal_lm

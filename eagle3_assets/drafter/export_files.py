@@ -1,7 +1,7 @@
 """The file-level pieces every drafter export shares (Llama and MLA layouts alike): the dtypes an
 export may be written in, the weights as written, the atomic directory write, and rebuilding the
-drafter from weights read back. Each kind's exporters (``drafter/kinds``) build on these, so no
-kind imports another's internals."""
+drafter from weights read back. Each serving format (``drafter/formats``) builds on these, so no
+format imports another's internals."""
 
 from __future__ import annotations
 
@@ -88,21 +88,21 @@ def switch_fields(cfg: DrafterConfig) -> dict[str, bool]:
     return {k: bool(getattr(cfg, k)) for k in SWITCH_KEYS}
 
 
-def switches_from_config(c: dict, engine: str) -> dict[str, bool]:
-    """The 3.1 switches an export's config asks ``engine`` for (SGLang also takes ``fc_norm`` under its
-    older name ``use_aux_norm``); missing keys are off, as both engines read them."""
-    legacy = engine == "sglang" and c.get("use_aux_norm")
+def switches_from_config(c: dict, *, aux_norm_alias: bool = False) -> dict[str, bool]:
+    """The 3.1 switches an export's config asks its engine for (``aux_norm_alias``: the engine also takes
+    ``fc_norm`` under the older name ``use_aux_norm``); missing keys are off, as both engines read them."""
+    legacy = aux_norm_alias and c.get("use_aux_norm")
     return {"fc_norm": bool(c.get("fc_norm") or legacy), "norm_output": bool(c.get("norm_output"))}
 
 
-def switch_problems(c: dict, names: set[str], engine: str) -> list[str]:
+def switch_problems(c: dict, names: set[str], *, aux_norm_alias: bool = False) -> list[str]:
     """What an engine would run differently from the drafter the weights hold: a switch that is not a
     boolean, or ``fc_norm`` on without its three norms (the engine keeps them at 1) or off with them
     (the engine drops them)."""
     problems = [f"{k} is {c[k]!r}, not a boolean" for k in (*SWITCH_KEYS, "use_aux_norm")
                 if k in c and not isinstance(c[k], bool)]
     held = [n for n in FC_NORM_WEIGHTS if n in names]
-    on = switches_from_config(c, engine)["fc_norm"]
+    on = switches_from_config(c, aux_norm_alias=aux_norm_alias)["fc_norm"]
     if on and len(held) != len(FC_NORM_WEIGHTS):
         problems.append(f"fc_norm is on but model.safetensors lacks {sorted(set(FC_NORM_WEIGHTS) - set(held))}")
     if not on and held:
@@ -113,7 +113,7 @@ def switch_problems(c: dict, names: set[str], engine: str) -> list[str]:
 def unread_switches(shape, readers: dict[str, dict[str, str]]) -> dict[str, str]:
     """``{switch: problem}`` for the 3.1 switches ``shape`` (a ``DraftShape``) turns on that one of its
     ``engines`` does not read for this kind; ``readers`` maps a switch to ``{engine: the module of the
-    pinned release that reads it}`` (a kind's ``SWITCH_READERS``)."""
+    pinned release that reads it}`` (the formats' ``switch_readers``, ``drafter/formats``)."""
     out = {}
     for key in SWITCH_KEYS:
         missing = [e for e in shape.engines if e not in readers.get(key, {})]

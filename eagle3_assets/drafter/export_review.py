@@ -11,10 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_assets.drafter.export import check_sglang_export, check_vllm_export
-from eagle3_assets.drafter.trained_layers import ENGINE_IDS, export_layer_problems, trained_layers
-
-CHECKERS = {"sglang": check_sglang_export, "vllm": check_vllm_export}
+from eagle3_assets.drafter import formats
+from eagle3_assets.drafter.trained_layers import trained_layers, trained_layers_for
 
 
 @dataclass
@@ -29,10 +27,7 @@ class ExportReview:
 
     def trained_ids(self, engine: str) -> list[int] | None:
         """The training layers in ``engine``'s numbering (what its export must name)."""
-        if not self.layers:
-            return None
-        want = self.layers.get(ENGINE_IDS[engine])
-        return list(want) if want is not None else [i + (engine == "vllm") for i in self.layers["aux_layer_ids"]]
+        return trained_layers_for(self.layers, engine) if self.layers else None
 
 
 def review_exports(drafter_dir: Path, engines) -> ExportReview:
@@ -45,15 +40,9 @@ def review_exports(drafter_dir: Path, engines) -> ExportReview:
         review = ExportReview(None, layer_problems=[f"training layers: {exc}"])
     for engine in engines:
         export_dir = drafter_dir / engine
-        review.format_problems += [f"{engine} export: {p}" for p in CHECKERS[engine](export_dir)]
-        review.layer_problems += [f"{engine} export: {p}" for p in export_layer_problems(export_dir, engine, review.layers)]
+        review.format_problems += [f"{engine} export: {p}" for p in formats.file_problems(engine, export_dir)]
+        review.layer_problems += [f"{engine} export: {p}" for p in formats.layer_problems(engine, export_dir, review.layers)]
     return review
-
-
-def evaluated_export_dir(drafter_dir: Path) -> Path:
-    """The export the evaluator loads: the SGLang one, or the vLLM one when there is no other."""
-    drafter_dir = Path(drafter_dir)
-    return drafter_dir / ("sglang" if (drafter_dir / "sglang" / "config.json").exists() else "vllm")
 
 
 def evaluation_link_problems(ev: dict, drafter_dir: Path, engines, recipe: str) -> list[str]:

@@ -8,8 +8,8 @@ scale cos/sin by ``0.1 * ln(factor) + 1``; they ignore ``mscale`` / ``mscale_all
 DeepSeek-V3 and Kimi-K2.5 carry for their own MLA attention (SGLang's ``deepseek_yarn``) and which
 transformers *does* read (``attention_factor = mscale(factor, mscale) / mscale(factor, mscale_all_dim)``,
 1.0 for K2.5 instead of 1.416). A drafter config therefore keeps only the keys every reader
-agrees on (``drafter_rope_scaling``); ``export_rope_problems`` refuses an exported config that
-carries anything else.
+agrees on (``drafter_rope_scaling``); the Llama formats' ``export_rope_problems``
+(``drafter/formats/llama_layout.py``) refuse an exported config that carries anything else.
 """
 
 from __future__ import annotations
@@ -83,34 +83,3 @@ def rope_fields(theta: float, scaling: dict | None) -> dict:
     if scaling:
         params = {"rope_theta": float(theta), **{k: v for k, v in scaling.items() if k != "type"}}
     return {"rope_theta": float(theta), "rope_scaling": scaling, "rope_parameters": params}
-
-
-def export_rope_problems(cfg: dict, where: str = "config.json") -> list[str]:
-    """What SGLang or vLLM would read differently from the trained drafter in a Llama draft config."""
-    problems = []
-    theta = cfg.get("rope_theta")
-    scaling = cfg.get("rope_scaling")
-    params = cfg.get("rope_parameters")
-    if theta is None:
-        problems.append(f"{where} lacks rope_theta (SGLang falls back to 10000)")
-    kind = rope_type(scaling)
-    if kind not in SUPPORTED:
-        problems.append(f"{where}: rope_scaling type {kind!r} is not one the drafter was trained with")
-    if scaling:
-        bad = sorted(k for k in scaling if k in AMBIGUOUS)
-        if bad:
-            problems.append(f"{where}: rope_scaling carries {bad}, which SGLang and vLLM ignore for a Llama draft "
-                            "but transformers applies")
-        if kind == "yarn" and (scaling.get("rope_type") != "yarn"):
-            problems.append(f"{where}: rope_scaling has no rope_type 'yarn' (newer SGLang reads rope_type only)")
-        if kind == "yarn" and any(scaling.get(k) is None for k in YARN_KEYS):
-            problems.append(f"{where}: yarn rope_scaling lacks one of {list(YARN_KEYS)}")
-    if params is not None:
-        p_kind = rope_type(params)
-        if p_kind != kind:
-            problems.append(f"{where}: rope_parameters ({p_kind}) and rope_scaling ({kind}) disagree")
-        elif theta is not None and params.get("rope_theta") not in (None, theta):
-            problems.append(f"{where}: rope_parameters.rope_theta {params.get('rope_theta')} != rope_theta {theta}")
-        elif kind == "yarn" and any(params.get(k) != scaling.get(k) for k in YARN_KEYS):
-            problems.append(f"{where}: rope_parameters and rope_scaling hold different yarn values")
-    return problems

@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from eagle3_assets.engines import engine_role
 from eagle3_assets.target.layers import CONVENTION_NAME
-
-ENGINE_IDS = {"sglang": "sglang_layer_ids", "vllm": "speculators_layer_ids"}  # manifest key per engine numbering
 
 
 def trained_layers(drafter_dir: Path) -> dict:
@@ -47,28 +46,22 @@ def trained_layers(drafter_dir: Path) -> dict:
     return next(iter(records.values()))
 
 
+def trained_layers_for(layers: dict, engine: str) -> list[int]:
+    """The training layers in ``engine``'s numbering (its serve role's): the manifest's record of them,
+    or, in manifests from before the per-engine record, derived from the convention."""
+    serve = engine_role("serve", engine)
+    want = layers.get(serve.layer_ids_key)
+    return list(want) if want is not None else serve.layer_ids(layers["aux_layer_ids"])
+
+
 def layer_id_problems(export_ids, layers: dict, engine: str, where: str) -> list[str]:
     """Problems when ``export_ids`` (in ``engine``'s numbering) are not the layers in ``layers``."""
     if layers.get("convention") != CONVENTION_NAME:
         return [f"the training shards use layer convention {layers.get('convention')!r}, not {CONVENTION_NAME!r}: "
                 "their ids cannot be compared with the export's"]
-    want = layers.get(ENGINE_IDS[engine])
-    if want is None:  # manifests from before the per-engine record: derive it from the convention
-        want = [i + (engine == "vllm") for i in layers["aux_layer_ids"]]
+    want = trained_layers_for(layers, engine)
     if export_ids is None or list(export_ids) != list(want):
         return [f"{where}: eagle_aux_hidden_state_layer_ids {export_ids} differ from the layers the drafter was "
                 f"trained on ({engine} numbering {list(want)}; shards' ids {layers['aux_layer_ids']}, "
                 f"convention {layers['convention']})"]
     return []
-
-
-def export_layer_problems(export_dir: Path, engine: str, layers: dict | None) -> list[str]:
-    """The export's ids against the training layers (nothing to compare when ``layers`` is None
-    or the config is unreadable: the format checks report that)."""
-    cfg_path = Path(export_dir) / "config.json"
-    if layers is None or not cfg_path.exists():
-        return []
-    cfg = json.loads(cfg_path.read_text())
-    nested = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    ids = nested if engine == "sglang" else cfg.get("eagle_aux_hidden_state_layer_ids", nested)
-    return layer_id_problems(ids, layers, engine, "config.json")

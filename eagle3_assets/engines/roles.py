@@ -210,3 +210,12 @@ class Serve(Protocol):
     def batch_acceptance(self, before: dict, after: dict, replies, steps: int) -> dict: ...
 
     def user_command(self, model_dir, drafter_dir, *, k: int, topk: int = 1, draft_tokens: int = 0) -> str: ...
+
+    # a drafter export's aux layer ids in this engine's numbering (the project's: id k = output of layer k)
+    layer_ids_key: str  # where the hidden-state manifest records them
+
+    def layer_ids(self, ids: Sequence[int]) -> list[int]: ...  # the project's ids as this engine numbers them
+
+    def trained_ids(self, ids: Sequence[int]) -> list[int]: ...  # this engine's ids back in the project's numbering
+
+    def layer_ids_problem(self, ids: Sequence[int]) -> str | None: ...  # why it would serve them on other layers

@@ -15,8 +15,11 @@ def module_source(python: str, module: str) -> str:
     return (Path(root) / (module.partition(".")[2].replace(".", "/") + ".py")).read_text()
 
 
-def unread(python: str, readers: dict[str, dict[str, str]], engine: str) -> list[str]:
-    """The ``switch: module`` pairs of a kind's ``SWITCH_READERS`` for ``engine`` whose module, as
-    installed, never reads the switch's config key (as a string literal: ``getattr(config, "key"``)."""
-    return [f"{key}: {mods[engine]}" for key, mods in readers.items()
-            if engine in mods and f'"{key}"' not in module_source(python, mods[engine])]
+def unread(python: str, engine: str) -> list[str]:
+    """The ``kind switch: module`` pairs of ``engine``'s serving formats' ``switch_readers`` whose module,
+    as installed, never reads the switch's config key (as a string literal: ``getattr(config, "key"``)."""
+    from eagle3_assets.drafter import formats
+
+    return [f"{kind} {key}: {module}" for kind, e in formats.FORMATS if e == engine
+            for key, module in formats.for_(kind, e).switch_readers.items()
+            if f'"{key}"' not in module_source(python, module)]

@@ -85,9 +85,9 @@ def train_on_features(features: Path, model_dir: Path, out_dir: Path, *, k: int 
 
 
 def export_vllm_float(model, model_dir: Path, out_dir: Path, *, k: int = 3, dtype: str = "float32") -> Path:
-    from eagle3_assets.drafter.export import export_vllm
+    from eagle3_assets.drafter import formats
 
-    return export_vllm(model, out_dir, dtype=dtype, verifier=str(model_dir), speculative_tokens=k)
+    return formats.export("vllm", model, out_dir, dtype=dtype, verifier=str(model_dir), speculative_tokens=k)
 
 
 def _text_config(model_dir: Path) -> dict:
@@ -98,14 +98,14 @@ def served_vs_project(api_url: str, embedded, export_dir: Path, prompts, *, k: i
     """The same export's acceptance by a speculating vLLM's counters and by the project's evaluator
     (which loads the files vLLM loaded), with the greedy reference both must reproduce:
     ``(engine, project, figures)``."""
-    from eagle3_assets.drafter.export import load_vllm
+    from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
     from eagle3_assets.engines.vllm.acceptance import compare, measure_acceptance
 
     greedy = [greedy_generate(embedded.model, p, max_new_tokens=max_new_tokens, stop_ids=embedded.stop_ids)
               for p in prompts]
     engine = measure_acceptance(api_url, prompts, k=k, max_new_tokens=max_new_tokens, greedy_reference=greedy)
-    project = evaluate_acceptance(embedded.model, load_vllm(export_dir).float().eval(), prompts, k=k,
+    project = evaluate_acceptance(embedded.model, formats.load("vllm", export_dir).float().eval(), prompts, k=k,
                                   max_new_tokens=max_new_tokens, stop_ids=embedded.stop_ids, greedy_reference=greedy)
     return engine, project, compare(project.as_metadata(), engine)
 

@@ -1,10 +1,10 @@
 """The drafter's kinds (its attention architecture: Llama-style, MLA), listed once.
 
 A kind is one module or package that builds a :class:`DrafterKind`: its attention class, the
-sizes it copies from the target (if any), the recipe layouts it refuses, what a target needs of
-it, and its serving exports (write, read back, check). Everything that varies with the kind asks
-this registry (``get_kind``, ``kind_of_export``) and never names one, so a new kind is its own
-module plus one line in ``KINDS``.
+sizes it copies from the target (if any), the recipe layouts it refuses whatever the engine, and
+what a target needs of it. Its exports are its serving formats, one per engine (``drafter/formats``,
+``FORMATS``). Everything that varies with the kind asks this registry (``get_kind``) and never
+names one, so a new kind is its own module plus one line in ``KINDS`` (and its formats).
 
 The entries are ``"module:name"`` strings resolved on first use: the model
 (``drafter/model.py``) consults the registry while the kinds' modules import the model, so the
@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 # kind name -> "module:attribute" of its DrafterKind
@@ -24,7 +23,7 @@ KINDS = {
     "llama": "eagle3_assets.drafter.kinds.llama:KIND",  # GQA, the default: what every engine serves
     "mla": "eagle3_assets.drafter.kinds.mla:KIND",  # DeepSeek-V3 / Kimi-K2.5's latent attention
 }
-DEFAULT_KIND = "llama"  # the kind an export no kind recognises is judged by (its errors name what is wrong)
+DEFAULT_KIND = "llama"  # the kind an export no other kind's format recognises is judged by (drafter/formats)
 
 
 @dataclass(frozen=True)
@@ -47,15 +46,10 @@ class DrafterKind:
       module and ``attn(x, cos, sin, context)`` runs it in a ``drafter/contexts.py`` context;
     - ``target_shape(text_config) -> dict``: the target's sizes it copies (``DrafterConfig.mla``),
       None for a kind that copies none;
-    - ``layout_problems(shape) -> {recipe key: problem}``: options of a ``DraftShape`` its exports
-      would not serve as trained;
-    - ``target_notes(target_config) -> [note]``: what an engine will not serve with this target
-      (raises when the target cannot take this kind at all);
-    - ``export(model, out_dir, *, engine, dtype, **options) -> Path``: the engine's serving files
-      (``options``: vLLM's ``verifier``, ``verifier_architectures``, ``speculative_tokens``);
-    - ``load(export_dir, embeddings, *, engine)``: the drafter rebuilt from those files alone;
-    - ``check(export_dir, engine) -> [problem]``: what the engine's loader would refuse or misread;
-    - ``recognises(config_json) -> bool``: an export's ``config.json`` is of this kind;
+    - ``layout_problems(shape) -> {recipe key: problem}``: options of a ``DraftShape`` no export of
+      this kind would serve as trained (each engine's own refusals are its format's);
+    - ``target_notes(target_config) -> [note]``: what to note of this target for the kind (raises
+      when the target cannot take this kind at all; each engine's notes are its format's);
     - ``memory``: its attention's terms in the training memory estimate (``AttentionMemory``);
       None: the estimate's own Llama GQA terms (q, k, v of ``head_dim``) fit it.
     """
@@ -65,10 +59,6 @@ class DrafterKind:
     target_shape: Callable[[dict], dict] | None
     layout_problems: Callable[[Any], dict[str, str]]
     target_notes: Callable[[dict], list[str]]
-    export: Callable[..., Path]
-    load: Callable[..., Any]
-    check: Callable[[Path, str], list[str]]
-    recognises: Callable[[dict], bool]
     memory: AttentionMemory | None = None
 
 
@@ -84,12 +74,3 @@ def get_kind(name: str) -> DrafterKind:
     if kind.name != name:
         raise ValueError(f"{KINDS[name]} registers kind {kind.name!r}, not {name!r}")
     return kind
-
-
-def kind_of_export(config: dict) -> DrafterKind:
-    """The kind whose export ``config`` (a ``config.json``) is; the default kind when none says so."""
-    for name in KINDS:
-        kind = get_kind(name)
-        if name != DEFAULT_KIND and kind.recognises(config):
-            return kind
-    return get_kind(DEFAULT_KIND)

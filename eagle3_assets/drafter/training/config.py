@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from eagle3_assets.drafter.formats import serving_engines
 from eagle3_assets.hidden_states.spool.settings import StreamSettings
 from eagle3_assets.job_file import JobFile
 from eagle3_assets.target.ref import TargetRef
@@ -127,8 +128,8 @@ LAYOUT_SWITCHES = ("norm_before_fc", "fc_norm", "norm_output")  # DraftShape's s
 class DraftShape(_Section):
     """What the recipe decides about the drafter's shape (hidden size and heads follow the target),
     and the engines its exports must serve on: a layout one of them would run differently from
-    what was trained is refused here, before any training (each kind's ``layout_problems``,
-    ``drafter/kinds``)."""
+    what was trained is refused here, before any training (the kind's and its serving formats'
+    ``layout_problems``, ``drafter/formats``)."""
 
     draft_vocab_size: int = Field(ge=1)
     intermediate_size: int | None = Field(None, ge=1)  # None: the target's
@@ -137,7 +138,7 @@ class DraftShape(_Section):
     norm_before_fc: bool = False  # one RMSNorm over the 3H target features before fc (vLLM only)
     fc_norm: bool = False  # EAGLE 3.1: one RMSNorm per aux layer's features before fc
     norm_output: bool = False  # EAGLE 3.1: the post-norm state is fed back to the next draft step
-    engines: tuple[Literal["sglang", "vllm"], ...] = ("sglang", "vllm")  # the exports written and checked
+    engines: tuple[str, ...] = Field(default_factory=serving_engines)  # the exports written and checked
 
     def layout(self) -> dict[str, bool]:
         """The layout switches, as ``DrafterConfig.from_target`` takes them."""
@@ -147,6 +148,14 @@ class DraftShape(_Section):
     @classmethod
     def _engines_from_list(cls, v):
         return tuple(v) if isinstance(v, list) else v
+
+    @field_validator("engines")
+    @classmethod
+    def _registered_engines(cls, v):
+        unknown = [e for e in v if e not in serving_engines()]
+        if unknown:
+            raise ValueError(f"unknown serving engine(s) {unknown}; expected some of {list(serving_engines())}")
+        return v
 
     @field_validator("attention")
     @classmethod
@@ -159,11 +168,11 @@ class DraftShape(_Section):
 
     @model_validator(mode="after")
     def _servable(self):
-        from eagle3_assets.drafter.kinds import get_kind
+        from eagle3_assets.drafter.formats import layout_problems
 
         if not self.engines or len(set(self.engines)) != len(self.engines):
-            raise ValueError("'engines' must name each of sglang, vllm at most once, and at least one")
-        for key, problem in get_kind(self.attention).layout_problems(self).items():
+            raise ValueError(f"'engines' must name each of {', '.join(serving_engines())} at most once, and at least one")
+        for key, problem in layout_problems(self).items():
             raise ValueError(f"'{key}' {problem}")
         return self
 
@@ -210,8 +219,7 @@ class RuntimeSettings(_Section):
 
 
 class ExportSettings(_Section):
-    sglang: bool = True
-    vllm: bool = True
+    engines: tuple[str, ...] | None = None  # the exports written, of the recipe's engines (None: all of them)
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     speculative_k: int = Field(3, ge=1)
 

@@ -124,6 +124,12 @@ def growing_segments():
         os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
 
 
+def exported_engines(job: TrainJob) -> tuple[str, ...]:
+    """The engines whose exports the job writes: the recipe's, narrowed by the job's export settings."""
+    e = job.export
+    return () if e is None else tuple(x for x in job.shape.engines if e.engines is None or x in e.engines)
+
+
 def run_job(job: TrainJob, on_metrics=None) -> dict:
     """Train (or resume) the job's drafter; rank 0 exports it and writes ``result.json``."""
     with growing_segments():
@@ -179,7 +185,7 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
         from eagle3_assets.drafter.training.checkpoints import require_room
 
         e = job.export
-        require_room(out_dir, model, s.keep_checkpoints, exports=int(bool(e and e.sglang)) + int(bool(e and e.vllm)))
+        require_room(out_dir, model, s.keep_checkpoints, exports=len(exported_engines(job)))
     teacher = Teacher(lm_head, vmap, device=device, dtype=dtype)
     del lm_head
     trainer = Trainer(s, model, data, teacher, out_dir, compute_dtype=dtype, vocab_hash=vmap.source_hash,
@@ -213,7 +219,7 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
         summary["memory_peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / GiB
         summary["memory_peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GiB
     if rank == 0 and job.export and not result.stopped_early:
-        from eagle3_assets.drafter.export import export_sglang, export_vllm
+        from eagle3_assets.drafter import formats
 
         e = job.export
         best = trainer.use_best() if s.export_best else None  # the export is the best checkpoint's weights
@@ -222,11 +228,9 @@ def _run_job(job: TrainJob, on_metrics) -> dict:
             print(f"eagle3: exporting step {best['step']}, the best by the acceptance estimate "
                   f"(EAL {summary['eal_best']:.3f} against {summary['eal_last']:.3f} at step {result.steps})",
                   file=sys.stderr, flush=True)
-        if e.sglang and "sglang" in job.shape.engines:
-            summary["sglang_dir"] = str(export_sglang(model, out_dir / "sglang", dtype=e.dtype))
-        if e.vllm and "vllm" in job.shape.engines:
-            summary["vllm_dir"] = str(export_vllm(model, out_dir / "vllm", dtype=e.dtype, verifier=str(target.model_dir),
-                                                  speculative_tokens=e.speculative_k))
+        for engine in exported_engines(job):
+            summary[f"{engine}_dir"] = str(formats.export(engine, model, out_dir / engine, dtype=e.dtype,
+                                                          verifier=str(target.model_dir), speculative_tokens=e.speculative_k))
         summary["exports"] = fingerprints(out_dir, job.shape.engines)  # every file as written, for reading back
     if rank == 0:
         write_text_atomic(out_dir / "result.json", json.dumps(summary, indent=2))

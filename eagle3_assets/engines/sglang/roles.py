@@ -138,6 +138,19 @@ class SGLangServe:
 
         return user_command(model_dir, drafter_dir, k, topk, draft_tokens)
 
+    layer_ids_key = "sglang_layer_ids"
+
+    def layer_ids(self, ids) -> list[int]:
+        return list(ids)  # SGLang's numbering is the project's
+
+    def trained_ids(self, ids) -> list[int]:
+        return list(ids)
+
+    def layer_ids_problem(self, ids) -> str | None:
+        from eagle3_assets.target.layers import sglang_shift_problem
+
+        return sglang_shift_problem(list(ids))
+
 
 GENERATE = SGLangGenerate()
 EXTRACT = SGLangExtract()

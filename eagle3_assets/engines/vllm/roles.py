@@ -107,6 +107,21 @@ class VLLMServe:
 
         return user_command(model_dir, drafter_dir, k)
 
+    layer_ids_key = "speculators_layer_ids"
+
+    def layer_ids(self, ids) -> list[int]:
+        from eagle3_assets.target.layers import to_speculators_ids
+
+        return to_speculators_ids(list(ids))  # speculators' numbering: 0 is the embeddings
+
+    def trained_ids(self, ids) -> list[int]:
+        return [i - 1 for i in ids]
+
+    def layer_ids_problem(self, ids) -> str | None:
+        from eagle3_assets.target.layers import vllm_shift_problem
+
+        return vllm_shift_problem(list(ids))
+
 
 GENERATE = VLLMGenerate()
 EXTRACT = VLLMExtract()

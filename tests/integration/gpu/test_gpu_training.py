@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from eagle3_assets.drafter.export import export_sglang, load_sglang
+from eagle3_assets.drafter import formats
 from eagle3_assets.drafter.training.config import TrainSettings
 from eagle3_assets.drafter.training.loop import Trainer
 from eagle3_assets.drafter.training.memory_plan import StepMemory, split_batch
@@ -70,9 +70,9 @@ def test_the_memory_estimate_against_peak_allocated():
 
 def test_export_logits_on_the_gpu_equal_the_cpus(tmp_path):
     model, vmap, head = tiny_drafter()
-    out = export_sglang(model, tmp_path / "sglang", dtype="float32")
+    out = formats.export("sglang", model, tmp_path / "sglang", dtype="float32")
     emb = model.embed_tokens.weight.detach()
-    cpu, gpu = load_sglang(out, emb).eval(), load_sglang(out, emb).to(CUDA).eval()
+    cpu, gpu = formats.load("sglang", out, emb).eval(), formats.load("sglang", out, emb).to(CUDA).eval()
     batch = batch_of([16], head, vmap)
     with torch.no_grad():
         a = cpu(batch["input_ids"], batch["aux_hidden"], ttt_steps=2)

@@ -8,7 +8,7 @@ import shutil
 import dagster as dg
 import pytest
 
-from eagle3_assets.drafter.export import check_sglang_export
+from eagle3_assets.drafter import formats
 from eagle3_assets.drafter.recipes import load_recipe
 from eagle3_assets.resources import DatasetSettings
 from tests.conftest import small_prompts, write_jsonl
@@ -36,7 +36,7 @@ def test_demo_recipe_trains_through_pipes_and_is_measured(layout, model_dir):
         assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
         meta = result.asset_materializations_for_node("drafter_checkpoint")[0].metadata
         out = layout.drafter_dir("demo")
-        assert check_sglang_export(out / "sglang") == []
+        assert formats.check("sglang", out / "sglang") == []
         assert (out / "vllm" / "config.json").exists()
         ev = json.loads((out / "eval.json").read_text())
         assert ev["trained"]["matches_greedy"] and ev["untrained"]["matches_greedy"]
@@ -61,10 +61,10 @@ def check_known_drafters(instance, layout, model_dir, recipe) -> dict[str, bool]
     trained, the same architecture with random weights, and the trained one whose SGLang export names
     the wrong aux layers; each evaluated by the project's evaluator with this test's floor."""
     from eagle3_assets.definitions import default_resources
+    from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.assets import drafter_checkpoint
     from eagle3_assets.drafter.checks import drafter_acceptance
     from eagle3_assets.drafter.evaluate import eval_prompts, evaluate_drafter
-    from eagle3_assets.drafter.export import export_sglang, export_vllm, load_sglang
     from eagle3_assets.drafter.export_fingerprint import fingerprints
     from eagle3_assets.drafter.spec_decode import untrained_baseline
     from eagle3_assets.drafter.target_weights import read_target_embeddings
@@ -85,9 +85,9 @@ def check_known_drafters(instance, layout, model_dir, recipe) -> dict[str, bool]
             shutil.copytree(trained / sub, out / sub)
         (out / "result.json").write_text(json.dumps(written))
         if kind == "random weights":
-            model = untrained_baseline(load_sglang(out / "sglang", read_target_embeddings(model_dir)), seed=7)
-            export_sglang(model, out / "sglang", dtype="float32")
-            export_vllm(model, out / "vllm", dtype="float32", verifier=str(model_dir))
+            model = untrained_baseline(formats.load("sglang", out / "sglang", read_target_embeddings(model_dir)), seed=7)
+            formats.export("sglang", model, out / "sglang", dtype="float32")
+            formats.export("vllm", model, out / "vllm", dtype="float32", verifier=str(model_dir))
             # recorded as a trainer of these weights records them: the evaluation refuses exports it did not write
             (out / "result.json").write_text(json.dumps({**written, "exports": fingerprints(out, ("sglang", "vllm"))}))
         # the trained weights under a wrong config acceptance-test as the trained ones did
@@ -99,8 +99,8 @@ def check_known_drafters(instance, layout, model_dir, recipe) -> dict[str, bool]
             assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]  # what training used
             cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 14, 25]
             (out / "sglang" / "config.json").write_text(json.dumps(cfg))
-            assert check_sglang_export(out / "sglang") == []  # the format alone cannot see it
-            [problem] = check_sglang_export(out / "sglang", trained_layers(out))
+            assert formats.check("sglang", out / "sglang") == []  # the format alone cannot see it
+            [problem] = formats.check("sglang", out / "sglang", trained_layers(out))
             assert "[1, 14, 25] differ from the layers the drafter was trained on (sglang numbering [1, 14, 26]" \
                 in problem, problem
         (out / "eval.json").write_text(json.dumps(ev))

@@ -16,7 +16,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from eagle3_assets.drafter.export import check_sglang_export, check_vllm_export
+from eagle3_assets.drafter import formats
 from eagle3_assets.drafter.recipes import load_recipe
 from eagle3_assets.resources import DatasetSettings
 from tests.conftest import small_prompts, write_jsonl
@@ -50,7 +50,7 @@ def test_whole_graph_on_kimi_mini(layout, kimi_mini_dir, monkeypatch):
         result = run_drafter(instance, "kimi-mini")
         assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
         out = layout.drafter_dir("kimi-mini")
-        assert check_sglang_export(out / "sglang") == [] and check_vllm_export(out / "vllm") == []
+        assert formats.check("sglang", out / "sglang") == [] and formats.check("vllm", out / "vllm") == []
         cfg = json.loads((out / "sglang" / "config.json").read_text())
         assert cfg["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and recipe.shape.attention == "mla"
         assert (cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]) == (512, 64, 32)

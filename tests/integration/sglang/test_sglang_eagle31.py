@@ -24,13 +24,13 @@ pytestmark = [pytest.mark.sglang, pytest.mark.model, pytest.mark.usefixtures("on
 
 
 def counts_agree(target_dir, embedded, attention: str, tmp_path, tmp_path_factory) -> None:
-    from eagle3_assets.drafter.export import export_sglang
+    from eagle3_assets.drafter import formats
 
     features = small_drafter.answer_features(embedded, target_dir, tmp_path / "features", small_drafter.TRAIN_QUESTIONS,
                                              max_new_tokens=MAX_NEW)
     model = small_drafter.train_on_features(features, target_dir, tmp_path / "train", k=K, attention=attention,
                                             **SWITCHES)
-    export = export_sglang(model, tmp_path / "sglang", dtype="float32")
+    export = formats.export("sglang", model, tmp_path / "sglang", dtype="float32")
     c = json.loads((export / "config.json").read_text())
     assert (c["fc_norm"], c["norm_output"]) == (True, True)
     prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in PROMPTS]
@@ -51,9 +51,7 @@ def test_sglang_counts_an_mla_eagle31_drafter_as_the_project_does(kimi_mini_dir,
 
 
 def test_the_modules_named_as_reading_the_switches_read_them_in_the_installed_sglang():
-    from eagle3_assets.drafter.kinds.llama import SWITCH_READERS as LLAMA
-    from eagle3_assets.drafter.kinds.mla import SWITCH_READERS as MLA
     from eagle3_assets.engines.sglang.server import default_python
     from tests.support.engine_source import unread
 
-    assert unread(default_python(), LLAMA, "sglang") == [] and unread(default_python(), MLA, "sglang") == []
+    assert unread(default_python(), "sglang") == []

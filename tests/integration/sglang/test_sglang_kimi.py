@@ -38,13 +38,13 @@ def kimi(kimi_mini_dir):
 @pytest.fixture(scope="module")
 def mla_export(kimi, kimi_mini_dir, tmp_path_factory):
     """A kimi-mini MLA drafter trained on the target's own greedy answers, exported for SGLang in float32."""
-    from eagle3_assets.drafter.export import export_sglang
+    from eagle3_assets.drafter import formats
 
     out = tmp_path_factory.mktemp("mla")
     features = small_drafter.answer_features(kimi, kimi_mini_dir, out / "features", small_drafter.TRAIN_QUESTIONS,
                                              max_new_tokens=MAX_NEW)
     model = small_drafter.train_on_features(features, kimi_mini_dir, out / "train", k=K, attention="mla")
-    return export_sglang(model, out / "sglang", dtype="float32")  # the MLA-draft requirement is checked here
+    return formats.export("sglang", model, out / "sglang", dtype="float32")  # the MLA-draft requirement is checked here
 
 
 @pytest.fixture(scope="module")

@@ -29,12 +29,12 @@ PROMPTS = small_drafter.HELD_OUT[:4]
 @pytest.fixture(scope="module")
 def sglang_export(embedded, model_dir, tmp_path_factory, one_torch_thread):
     """A small drafter trained on the target's own greedy answers, exported for SGLang in float32."""
-    from eagle3_assets.drafter.export import export_sglang
+    from eagle3_assets.drafter import formats
 
     out = tmp_path_factory.mktemp("drafter")
     features = small_drafter.answer_features(embedded, model_dir, out / "features", small_drafter.TRAIN_QUESTIONS)
     model = small_drafter.train_on_features(features, model_dir, out / "train", k=K)
-    return export_sglang(model, out / "sglang", dtype="float32")
+    return formats.export("sglang", model, out / "sglang", dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def spec_server(model_dir, sglang_export, tmp_path_factory):
 def served_vs_project(base_url: str, embedded, model_dir, export, prompts):
     """The export's acceptance by SGLang's counters and by the project's evaluator on the weights
     SGLang loaded, both against the target's greedy decoding: ``(engine, project, figures)``."""
-    from eagle3_assets.drafter.export import load_sglang
+    from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
     from eagle3_assets.drafter.target_weights import read_target_embeddings
 
@@ -55,7 +55,7 @@ def served_vs_project(base_url: str, embedded, model_dir, export, prompts):
     greedy = [greedy_generate(embedded.model, p, max_new_tokens=MAX_NEW, stop_ids=stop) for p in prompts]
     engine = sglang_acceptance.measure_acceptance(base_url, prompts, k=K, max_new_tokens=MAX_NEW,
                                                   greedy_reference=greedy, stop_token_ids=stop)
-    drafter = load_sglang(export, read_target_embeddings(model_dir)).float().eval()
+    drafter = formats.load("sglang", export, read_target_embeddings(model_dir)).float().eval()
     project = evaluate_acceptance(embedded.model, drafter, prompts, k=K, max_new_tokens=MAX_NEW, stop_ids=stop,
                                   greedy_reference=greedy)
     return engine, project, sglang_acceptance.compare(project.as_metadata(), engine)

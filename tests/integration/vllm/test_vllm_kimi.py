@@ -151,12 +151,12 @@ def test_mla_drafter_acceptance_by_vllm_agrees_with_the_project(spec_server, mla
 
 
 def test_llama_style_drafter_on_the_mla_target_is_refused_with_the_engines_reason(kimi, kimi_mini_dir, tmp_path):
-    from eagle3_assets.drafter.export import export_vllm
+    from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.model import DrafterConfig, build_drafter
     from eagle3_assets.target.config import read_config
 
     cfg = DrafterConfig.from_target(read_config(kimi_mini_dir), draft_vocab_size=64)
-    llama = export_vllm(build_drafter(cfg, torch.zeros(163840, 64)), tmp_path / "llama", dtype="float32")
+    llama = formats.export("vllm", build_drafter(cfg, torch.zeros(163840, 64)), tmp_path / "llama", dtype="float32")
     server = VLLMServer(kimi_mini_dir, role="speculate", drafter_dir=llama, workdir=tmp_path / "w")
     with pytest.raises(VLLMServerError, match=r"No common block size for 16 .*attention = \"mla\""):
         server.start()
@@ -169,14 +169,14 @@ def test_vllm_itself_still_refuses_a_llama_style_drafter_on_the_mla_target(kimi_
     once it does not, the guard is guarding a limit that has gone away."""
     import subprocess
 
-    from eagle3_assets.drafter.export import export_vllm
+    from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.model import DrafterConfig, build_drafter
     from eagle3_assets.engines.vllm.server import free_port
     from eagle3_assets.engines.vllm.versions import CPU_BLOCK_ERROR
     from eagle3_assets.target.config import read_config
 
     cfg = DrafterConfig.from_target(read_config(kimi_mini_dir), draft_vocab_size=64)
-    llama = export_vllm(build_drafter(cfg, torch.zeros(163840, 64)), tmp_path / "llama", dtype="float32")
+    llama = formats.export("vllm", build_drafter(cfg, torch.zeros(163840, 64)), tmp_path / "llama", dtype="float32")
     server = VLLMServer(kimi_mini_dir, role="speculate", drafter_dir=llama, workdir=tmp_path / "w", port=free_port())
     for sub in ("tmp", "hf", "cache", "vllm-cache", "vllm-config"):
         (tmp_path / "w" / sub).mkdir(parents=True, exist_ok=True)

@@ -14,11 +14,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.usefixtures("one_
 
 
 def test_a_tiny_sweep_agrees_with_greedy_decoding_and_the_project_evaluator(embedded, model_dir, tmp_path):
-    from eagle3_assets.drafter.export import load_vllm
+    from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.target_weights import read_target_embeddings
 
     export = small_drafter.train_small_drafter(embedded, model_dir, tmp_path / "drafter", k=serving_check.K)
     result = serving_check.tiny_sweep("vllm", embedded, model_dir, export.parent, tmp_path)
-    drafter = load_vllm(export, read_target_embeddings(model_dir)).float().eval()
+    drafter = formats.load("vllm", export, read_target_embeddings(model_dir)).float().eval()
     greedy, project = serving_check.independent_records(embedded, model_dir, drafter, result["bench"])
     serving_check.assert_sweep_agrees(result, greedy, project)

@@ -38,15 +38,15 @@ def _trained_exports(layout, ids=(1, 14, 26)):
     """Both exports of a tiny drafter trained (per its job.json and shard manifest) on ``ids``."""
     import json
 
-    from eagle3_assets.drafter.export import export_sglang, export_vllm
+    from eagle3_assets.drafter import formats
     from eagle3_assets.target.layers import convention
     from tests.unit.drafter.test_drafter_recipe_options import tiny_drafter
 
     out = layout.drafter_dir("demo")
     model, _, _ = tiny_drafter()
     model.config.aux_layer_ids = list(ids)
-    export_sglang(model, out / "sglang", dtype="float32")
-    export_vllm(model, out / "vllm", dtype="float32")
+    formats.export("sglang", model, out / "sglang", dtype="float32")
+    formats.export("vllm", model, out / "vllm", dtype="float32")
     shards = layout.hidden_states_dir("demo_chat")
     shards.mkdir(parents=True)
     (shards / "manifest.json").write_text(json.dumps({"layers": convention(list(ids), 30)}))

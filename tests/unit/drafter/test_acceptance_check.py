@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from eagle3_assets.drafter import formats
 from eagle3_assets.drafter.checks import acceptance_problems
-from eagle3_assets.drafter.trained_layers import export_layer_problems, layer_id_problems, trained_layers
+from eagle3_assets.drafter.trained_layers import layer_id_problems, trained_layers
 from eagle3_assets.drafter.training.config import EvalSettings
 from eagle3_assets.target.layers import convention
 
@@ -67,8 +68,8 @@ def _drafter_dir(tmp_path, ids: list[int], n_layers: int = 30):
 def test_export_ids_are_compared_with_the_training_manifest(tmp_path):
     out = _drafter_dir(tmp_path, [1, 14, 26])
     layers = trained_layers(out)
-    assert export_layer_problems(out / "sglang", "sglang", layers) == []
-    assert export_layer_problems(out / "vllm", "vllm", layers) == []  # speculators numbering: ours + 1
+    assert formats.layer_problems("sglang", out / "sglang", layers) == []
+    assert formats.layer_problems("vllm", out / "vllm", layers) == []  # speculators numbering: ours + 1
     # ids that start at 1 (so no format rule objects) and still name another layer than training's
     [problem] = layer_id_problems([1, 14, 25], layers, "sglang", "config.json")
     assert problem == ("config.json: eagle_aux_hidden_state_layer_ids [1, 14, 25] differ from the layers the drafter "
@@ -108,12 +109,12 @@ def swap_d2t(safetensors_path: Path, i: int = 3, j: int = 7) -> None:
 
 
 def both_exports(out: Path, seed: int = 1) -> None:
-    from eagle3_assets.drafter.export import export_sglang, export_vllm
+    from eagle3_assets.drafter import formats
     from tests.unit.drafter.test_drafter_recipe_options import tiny_drafter
 
     model = tiny_drafter(seed=seed)[0]
-    export_sglang(model, out / "sglang", dtype="float32")
-    export_vllm(model, out / "vllm", dtype="float32")
+    formats.export("sglang", model, out / "sglang", dtype="float32")
+    formats.export("vllm", model, out / "vllm", dtype="float32")
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
@@ -121,7 +122,6 @@ def both_exports(out: Path, seed: int = 1) -> None:
 def test_eval_json_is_linked_to_every_export(tmp_path, engine, change):
     """eval.json fingerprints both exports; a byte of fc.weight or two d2t entries changed in either
     afterwards fail the link (both still pass their format checks), naming the export and file."""
-    from eagle3_assets.drafter.export import export_file_problems
     from eagle3_assets.drafter.export_fingerprint import fingerprints
     from eagle3_assets.drafter.export_review import evaluation_link_problems
 
@@ -131,7 +131,7 @@ def test_eval_json_is_linked_to_every_export(tmp_path, engine, change):
     assert set(ev["exports"]) == {"sglang", "vllm"} and evaluation_link_problems(ev, out, ("sglang", "vllm"), "demo") == []
     weights = out / engine / "model.safetensors"
     flip_byte(weights, "fc.weight") if change == "fc byte" else swap_d2t(weights)
-    assert export_file_problems(out / engine, engine) == []  # the serving contract cannot see it
+    assert formats.file_problems(engine, out / engine) == []  # the serving contract cannot see it
     assert evaluation_link_problems(ev, out, ("sglang", "vllm"), "demo") == [
         f"the {engine} export is not the one eval.json records (model.safetensors changed since): "
         "re-materialize drafter_checkpoint[demo]"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3_assets.drafter.export import export_sglang, export_vllm, load_vllm
+from eagle3_assets.drafter import formats
 from eagle3_assets.drafter.model import DrafterConfig, KVCache, build_drafter
 from eagle3_assets.drafter.recipes import RecipeError, list_recipes, load_recipe, parse_recipe
 from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate, target_features, untrained_baseline
@@ -426,7 +426,7 @@ def test_torchrun_two_processes_match_one_and_report_through_pipes(model_dir, sh
             training=small_cfg(max_steps=3, warmup_steps=1), shape=DraftShape(draft_vocab_size=DRAFT_VOCAB,
                                                                                 intermediate_size=256),
             runtime=RuntimeSettings(threads=1, progress=False),
-            export=ExportSettings(vllm=False) if name == "single" else None,
+            export=ExportSettings(engines=("sglang",)) if name == "single" else None,
         ).write(tmp_path / f"{name}.json")
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
     pipes_env, messages = _pipes_env(tmp_path)
@@ -478,7 +478,7 @@ def test_sglang_export_layout(trained, target, tmp_path):
 
     model, _ = trained
     cfg = model.config
-    out = export_sglang(model, tmp_path / "sglang", dtype="bfloat16")
+    out = formats.export("sglang", model, tmp_path / "sglang", dtype="bfloat16")
     c = json.loads((out / "config.json").read_text())
     assert c["architectures"] == ["LlamaForCausalLMEagle3"] and c["model_type"] == "llama"
     assert c["num_hidden_layers"] == 1 and c["draft_vocab_size"] == DRAFT_VOCAB
@@ -511,7 +511,7 @@ def test_vllm_export_layout(trained, model_dir, tmp_path):
     from safetensors import safe_open
 
     model, _ = trained
-    out = export_vllm(model, tmp_path / "vllm", dtype="bfloat16", verifier=str(model_dir), speculative_tokens=3)
+    out = formats.export("vllm", model, tmp_path / "vllm", dtype="bfloat16", verifier=str(model_dir), speculative_tokens=3)
     c = json.loads((out / "config.json").read_text())
     assert c["speculators_model_type"] == "eagle3" and c["architectures"] == ["Eagle3Speculator"]
     assert c["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in LAYER_IDS]  # vLLM numbering
@@ -530,8 +530,8 @@ def test_exports_load_in_a_fresh_process(trained, features, model_dir, tmp_path)
     from safetensors.torch import save_file
 
     model, _ = trained
-    export_sglang(model, tmp_path / "sglang", dtype="float32")
-    export_vllm(model, tmp_path / "vllm", dtype="float32", verifier=str(model_dir))
+    formats.export("sglang", model, tmp_path / "sglang", dtype="float32")
+    formats.export("vllm", model, tmp_path / "vllm", dtype="float32", verifier=str(model_dir))
     s = features[1]
     with torch.no_grad():
         expected = model(s["input_ids"][None], s["aux_hidden"][None], ttt_steps=3)
@@ -540,11 +540,11 @@ def test_exports_load_in_a_fresh_process(trained, features, model_dir, tmp_path)
     script = textwrap.dedent(f"""
         import torch
         from safetensors.torch import load_file
-        from eagle3_assets.drafter.export import load_sglang, load_vllm
+        from eagle3_assets.drafter import formats
         from eagle3_assets.drafter.target_weights import read_target_embeddings
         io = load_file({str(tmp_path / 'io.safetensors')!r})
-        models = {{"sglang": load_sglang({str(tmp_path / 'sglang')!r}, read_target_embeddings({str(model_dir)!r})),
-                   "vllm": load_vllm({str(tmp_path / 'vllm')!r})}}
+        models = {{"sglang": formats.load("sglang", {str(tmp_path / 'sglang')!r}, read_target_embeddings({str(model_dir)!r})),
+                   "vllm": formats.load("vllm", {str(tmp_path / 'vllm')!r})}}
         for name, m in models.items():
             with torch.no_grad():
                 out = m(io["input_ids"], io["aux"], ttt_steps=3)
@@ -562,7 +562,7 @@ def test_exports_load_in_a_fresh_process(trained, features, model_dir, tmp_path)
     del c["norm_before_residual"]  # vLLM would default it to True
     cfg_path.write_text(json.dumps(c))
     with pytest.raises(ValueError, match="norm_before_residual"):
-        load_vllm(tmp_path / "vllm")
+        formats.load("vllm", tmp_path / "vllm")
 
 
 # ----------------------------------------------------------------------------- speculative decoding

@@ -11,14 +11,7 @@ import json
 import pytest
 import torch
 
-from eagle3_assets.drafter.export import (
-    check_sglang_export,
-    check_vllm_export,
-    export_sglang,
-    export_vllm,
-    load_sglang,
-    load_vllm,
-)
+from eagle3_assets.drafter import formats
 from eagle3_assets.drafter.model import DrafterConfig, KVCache, build_drafter
 from eagle3_assets.drafter.vocab_map import build_vocab_map
 
@@ -78,8 +71,9 @@ def test_mla_ttt_matches_chain_decoding(model):
 
 
 def test_mla_exports_are_what_both_engines_load(model, tmp_path):
-    sg, vl = export_sglang(model, tmp_path / "sglang", dtype="float32"), export_vllm(model, tmp_path / "vllm", dtype="float32")
-    assert check_sglang_export(sg) == [] and check_vllm_export(vl) == []
+    sg = formats.export("sglang", model, tmp_path / "sglang", dtype="float32")
+    vl = formats.export("vllm", model, tmp_path / "vllm", dtype="float32")
+    assert formats.check("sglang", sg) == [] and formats.check("vllm", vl) == []
     s_cfg, v_cfg = (json.loads((d / "config.json").read_text()) for d in (sg, vl))
     for c in (s_cfg, v_cfg):
         assert c["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and c["model_type"] == "deepseek_v2"
@@ -92,19 +86,19 @@ def test_mla_exports_are_what_both_engines_load(model, tmp_path):
     ids, aux = torch.randint(0, 300, (1, 12), generator=g), torch.randn(1, 12, 192, generator=g)
     with torch.no_grad():
         want = model(ids, aux, ttt_steps=2)
-        for back in (load_sglang(sg, emb), load_vllm(vl)):
+        for back in (formats.load("sglang", sg, emb), formats.load("vllm", vl)):
             assert back.config == model.config
             for a, b in zip(back(ids, aux, ttt_steps=2), want):
                 torch.testing.assert_close(a, b)
 
 
 def test_mla_export_checks_refuse_what_an_engine_would_misread(model, tmp_path):
-    out = export_vllm(model, tmp_path / "vllm", dtype="float32")
+    out = formats.export("vllm", model, tmp_path / "vllm", dtype="float32")
     cfg = json.loads((out / "config.json").read_text())
     bad = {**cfg, "model_type": "deepseek_v3", "norm_before_residual": None,
            "rope_scaling": {k: v for k, v in cfg["rope_scaling"].items() if k != "mscale_all_dim"}}
     (out / "config.json").write_text(json.dumps(bad))
-    problems = check_vllm_export(out)
+    problems = formats.check("vllm", out)
     assert any("MTP" in p for p in problems) and any("norm_before_residual" in p for p in problems)
     assert any("mscale_all_dim" in p for p in problems)
 

@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from eagle3_assets.drafter.export import check_sglang_export, check_vllm_export, export_sglang, export_vllm, load_vllm
+from eagle3_assets.drafter import formats
 from eagle3_assets.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3_assets.drafter.recipes import RecipeError, parse_recipe
 from eagle3_assets.drafter.training.config import TrainSettings
@@ -179,19 +179,19 @@ def test_norm_before_fc_is_served_by_vllm_alone(tmp_path):
     model, _, _ = tiny_drafter(norm_before_fc=True)
     with torch.no_grad():
         model.input_norm.weight.uniform_(0.5, 1.5)
-    out = export_vllm(model, tmp_path / "vllm", dtype="float32")
+    out = formats.export("vllm", model, tmp_path / "vllm", dtype="float32")
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["norm_before_fc"] is True and cfg["norm_before_residual"] is False
-    assert check_vllm_export(out) == []
-    back = load_vllm(out)
+    assert formats.check("vllm", out) == []
+    back = formats.load("vllm", out)
     torch.testing.assert_close(back.input_norm.weight, model.input_norm.weight)
     aux = torch.randn(2, 5, 3 * H)
     torch.testing.assert_close(back.project_aux(aux), model.project_aux(aux))
     with pytest.raises(ValueError, match="SGLang cannot serve"):
-        export_sglang(model, tmp_path / "sglang")
+        formats.export("sglang", model, tmp_path / "sglang")
     plain, _, _ = tiny_drafter()
-    sg = export_sglang(plain, tmp_path / "sglang-plain", dtype="float32")
-    assert check_sglang_export(sg) == []
+    sg = formats.export("sglang", plain, tmp_path / "sglang-plain", dtype="float32")
+    assert formats.check("sglang", sg) == []
 
 
 def test_target_ids_are_cached_per_sample_and_unchanged():

@@ -15,9 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3_assets.drafter import export_files
-from eagle3_assets.drafter.export import check_sglang_export, check_vllm_export, export_sglang, export_vllm
-from eagle3_assets.drafter.kinds import get_kind
+from eagle3_assets.drafter import export_files, formats
 from eagle3_assets.drafter.model import DrafterConfig, KVCache, build_drafter
 from eagle3_assets.drafter.recipes import RecipeError, parse_recipe
 from eagle3_assets.drafter.training.config import DraftShape, TrainSettings
@@ -104,17 +102,17 @@ def test_both_exports_read_back_to_the_same_outputs(kind, fc_norm, norm_output, 
     model = drafter(kind, fc_norm, norm_output)
     ids, aux = inputs(model)
     emb = model.embed_tokens.weight.detach()
-    exports = {"sglang": export_sglang(model, tmp_path / "s", dtype="float32"),
-               "vllm": export_vllm(model, tmp_path / "v", dtype="float32")}
+    exports = {"sglang": formats.export("sglang", model, tmp_path / "s", dtype="float32"),
+               "vllm": formats.export("vllm", model, tmp_path / "v", dtype="float32")}
     with torch.no_grad():
         want = model(ids, aux, ttt_steps=3)
     for engine, out in exports.items():
-        assert (check_sglang_export if engine == "sglang" else check_vllm_export)(out) == []
+        assert formats.check(engine, out) == []
         c = json.loads((out / "config.json").read_text())
         assert (c["fc_norm"], c["norm_output"]) == (fc_norm, norm_output)  # at the top level, where engines read
         names = set(load_file(str(out / "model.safetensors")))
         assert {n for n in names if n.startswith("fc_norm")} == (set(export_files.FC_NORM_WEIGHTS) if fc_norm else set())
-        back = get_kind(kind).load(out, None if engine == "vllm" else emb, engine=engine)
+        back = formats.load(engine, out, None if engine == "vllm" else emb)
         assert back.config == model.config
         with torch.no_grad():
             for a, b in zip(back(ids, aux, ttt_steps=3), want):
@@ -125,13 +123,13 @@ def test_both_exports_read_back_to_the_same_outputs(kind, fc_norm, norm_output, 
 def test_a_3_0_export_without_the_keys_loads_with_both_off(kind, tmp_path):
     model = drafter(kind, False, False)
     ids, aux = inputs(model)
-    for engine, export in (("sglang", export_sglang), ("vllm", export_vllm)):
-        out = export(model, tmp_path / engine, dtype="float32")
+    for engine in ("sglang", "vllm"):
+        out = formats.export(engine, model, tmp_path / engine, dtype="float32")
         c = json.loads((out / "config.json").read_text())
         del c["fc_norm"], c["norm_output"]
         (out / "config.json").write_text(json.dumps(c))
-        assert (check_sglang_export if engine == "sglang" else check_vllm_export)(out) == []
-        back = get_kind(kind).load(out, model.embed_tokens.weight.detach(), engine=engine)
+        assert formats.check(engine, out) == []
+        back = formats.load(engine, out, model.embed_tokens.weight.detach())
         assert not back.config.fc_norm and not back.config.norm_output and not hasattr(back, "fc_norm")
         with torch.no_grad():
             for a, b in zip(back(ids, aux, ttt_steps=2), model(ids, aux, ttt_steps=2)):
@@ -141,28 +139,28 @@ def test_a_3_0_export_without_the_keys_loads_with_both_off(kind, tmp_path):
 @pytest.mark.parametrize("kind", ["llama", "mla"])
 def test_checks_refuse_a_switch_its_weights_contradict(kind, tmp_path):
     on = drafter(kind, True, True)
-    for engine, export, check in (("sglang", export_sglang, check_sglang_export), ("vllm", export_vllm, check_vllm_export)):
-        out = export(on, tmp_path / engine, dtype="float32")
+    for engine in ("sglang", "vllm"):
+        out = formats.export(engine, on, tmp_path / engine, dtype="float32")
         c = json.loads((out / "config.json").read_text())
         (out / "config.json").write_text(json.dumps({**c, "fc_norm": False}))
-        assert any("fc_norm is off but model.safetensors holds" in p for p in check(out))
+        assert any("fc_norm is off but model.safetensors holds" in p for p in formats.check(engine, out))
         (out / "config.json").write_text(json.dumps({**c, "norm_output": "yes"}))
-        assert any("norm_output is 'yes', not a boolean" in p for p in check(out))
+        assert any("norm_output is 'yes', not a boolean" in p for p in formats.check(engine, out))
         (out / "config.json").write_text(json.dumps(c))
         weights = load_file(str(out / "model.safetensors"))
         del weights["fc_norm.1.weight"]
         save_file(weights, str(out / "model.safetensors"))
-        assert any("fc_norm is on but model.safetensors lacks ['fc_norm.1.weight']" in p for p in check(out))
+        assert any("fc_norm is on but model.safetensors lacks ['fc_norm.1.weight']" in p for p in formats.check(engine, out))
 
 
 def test_sglang_reads_fc_norm_under_its_older_name(tmp_path):
     model = drafter("llama", True, False)
-    out = export_sglang(model, tmp_path / "s", dtype="float32")
+    out = formats.export("sglang", model, tmp_path / "s", dtype="float32")
     c = json.loads((out / "config.json").read_text())
     del c["fc_norm"]
     (out / "config.json").write_text(json.dumps({**c, "use_aux_norm": True}))
-    assert check_sglang_export(out) == []
-    assert get_kind("llama").load(out, model.embed_tokens.weight.detach(), engine="sglang").config.fc_norm
+    assert formats.check("sglang", out) == []
+    assert formats.load("sglang", out, model.embed_tokens.weight.detach()).config.fc_norm
 
 
 # ----------------------------------------------------------------------------- recipe and refusal
@@ -182,9 +180,7 @@ def test_recipes_with_the_switches_load_for_both_engines(attention, tmp_path):
 @pytest.mark.parametrize("attention", ["llama", "mla"])
 @pytest.mark.parametrize("switch", export_files.SWITCH_KEYS)
 def test_an_engine_that_does_not_read_a_switch_is_refused_by_name(attention, switch, monkeypatch, tmp_path):
-    module = get_kind(attention).layout_problems.__module__
-    readers = __import__(module, fromlist=["SWITCH_READERS"]).SWITCH_READERS
-    monkeypatch.setitem(readers, switch, {"vllm": readers[switch]["vllm"]})  # as if SGLang did not read it
+    monkeypatch.delitem(formats.for_(attention, "sglang").switch_readers, switch)  # as if SGLang did not read it
     path = tmp_path / "r.toml"
     path.write_text(f'{switch} = true\nattention = "{attention}"\n' + RECIPE)
     with pytest.raises(RecipeError, match=f"field '{switch}': cannot be served by sglang: .* does not read {switch}"):

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from eagle3_assets.drafter.kinds import get_kind
+from eagle3_assets.drafter import formats
 from eagle3_assets.engines.versions import pairing_problem, version_problem
 from eagle3_assets.engines.vllm.server import VLLMServer, VLLMServerError, engine_info
 
@@ -43,11 +43,11 @@ def test_layouts_each_engine_cannot_serve():
     assert pairing_problem(K25, MLA_DRAFT, engine="vllm", cpu_build=True) is None
     assert "needs an MLA target" in pairing_problem(LLAMA, MLA_DRAFT, engine="vllm")
     assert "q_lora_rank" in pairing_problem(K25, {**MLA_DRAFT, "q_lora_rank": None}, engine="sglang")
-    llama, mla = get_kind("llama"), get_kind("mla")  # what each drafter kind says of a target before training
-    assert "vLLM's CPU build does not" in llama.target_notes(K25)[0]
-    assert mla.target_notes(K25) == [] and llama.target_notes(LLAMA) == []
+    # what each drafter kind, and its serving formats, say of a target before training
+    assert "vLLM's CPU build does not" in formats.target_notes("llama", K25)[0]
+    assert formats.target_notes("mla", K25) == [] and formats.target_notes("llama", LLAMA) == []
     with pytest.raises(ValueError, match="needs an MLA target"):
-        mla.target_notes(LLAMA)
+        formats.target_notes("mla", LLAMA)
 
 
 def test_the_server_refuses_a_too_old_vllm_before_starting(tmp_path):

@@ -29,7 +29,7 @@ def test_the_requirement_names_the_first_release_with_the_mla_draft():
 
 
 def test_an_mla_export_for_sglang_is_refused_when_the_supported_sglang_lacks_the_draft(tmp_path, monkeypatch):
-    from eagle3_assets.drafter.export import export_sglang
+    from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.model import DrafterConfig, build_drafter
 
     target = {**MLA_TARGET["text_config"], "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
@@ -38,10 +38,10 @@ def test_an_mla_export_for_sglang_is_refused_when_the_supported_sglang_lacks_the
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 128}
     cfg = DrafterConfig.from_target(target, draft_vocab_size=32, intermediate_size=32, attention="mla")
     model = build_drafter(cfg, torch.randn(64, 16), seed=0)
-    assert (export_sglang(model, tmp_path / "ok", dtype="float32") / "config.json").exists()
+    assert (formats.export("sglang", model, tmp_path / "ok", dtype="float32") / "config.json").exists()
     monkeypatch.setattr(engines, "SGLANG_VERSION", "0.5.11")
     with pytest.raises(EngineVersionError, match="cannot export an MLA drafter for SGLang: SGLang 0.5.11"):
-        export_sglang(model, tmp_path / "old", dtype="float32")
+        formats.export("sglang", model, tmp_path / "old", dtype="float32")
     assert not (tmp_path / "old").exists()
 
 

@@ -1,4 +1,5 @@
-"""The code's shape: no import cycle between project modules, no module over 400 lines.
+"""The code's shape: no import cycle between project modules, no module over 400 lines, no drafter
+module outside the serving-format registry naming an engine.
 
 Imports are read with ast (no module is imported), function-local ones included, relative ones
 resolved, so a cycle hidden inside a function still counts.
@@ -7,6 +8,7 @@ resolved, so a cycle hidden inside a function still counts.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -356,3 +358,104 @@ def test_a_listed_exception_excuses_its_one_import_and_its_package_edge(tmp_path
     assert find_cycles(package_graph(graph)) == []
     monkeypatch.setitem(LAYER_EXCEPTIONS, ("eagle3_assets.target.spec", "eagle3_assets.tokens.vocab"), "no such import")
     assert stale_exceptions(graph) == ["eagle3_assets.target.spec -> eagle3_assets.tokens.vocab"]
+
+
+# ----------------------------------------------------------------------------- engine names in the drafter stage
+
+ENGINE_NAMES = re.compile("sglang|vllm", re.IGNORECASE)
+FORMATS_PACKAGE = "drafter/formats/"  # the serving-format registry: one module per (kind, engine) names its engine
+# file under eagle3_assets/ -> {identifier: why it may name an engine}; the rule fails on an entry no longer named
+ENGINE_NAME_EXCEPTIONS = {
+    "drafter/assets.py": {
+        "vllm_server_args": "the streaming producers' Dagster config, one field per capture engine, as hidden_states'",
+        "sglang_server_args": "the same, for the tensor-parallel capture",
+    },
+    "drafter/stream_jobs.py": {
+        "vllm_server_args": "hands the producers' config field to the extract role's job settings",
+        "sglang_server_args": "the same, for the tensor-parallel capture",
+    },
+    # the whole module: a measurement run by hand under this name (docs/drafter.md); measure_recipe takes any
+    # serve engine, its command line prints vLLM's figures
+    "drafter/vllm_acceptance.py": {"*": "the command users run, python -m eagle3_assets.drafter.vllm_acceptance"},
+}
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are docstrings (prose may name an engine; code may not)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                out.add(id(first.value))
+    return out
+
+
+def engine_names_in_code(path: Path) -> list[tuple[int, str]]:
+    """(line, text) for each string literal (docstrings aside) and identifier in PATH naming an engine:
+    names, attributes, arguments, keywords, definitions and imported modules."""
+    tree = ast.parse(path.read_text())
+    docstrings = _docstring_nodes(tree)
+    found = []
+    for node in ast.walk(tree):
+        texts = []
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            texts = [node.value]
+        elif isinstance(node, ast.Name):
+            texts = [node.id]
+        elif isinstance(node, ast.Attribute):
+            texts = [node.attr]
+        elif isinstance(node, ast.arg):
+            texts = [node.arg]
+        elif isinstance(node, ast.keyword) and node.arg:
+            texts = [node.arg]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            texts = [node.name]
+        elif isinstance(node, ast.ImportFrom):
+            texts = [node.module or "", *(a.name for a in node.names)]
+        elif isinstance(node, ast.Import):
+            texts = [a.name for a in node.names]
+        found += [(getattr(node, "lineno", 0), t) for t in texts if ENGINE_NAMES.search(t)]
+    return sorted(found)
+
+
+def drafter_engine_names(root: Path = ROOT, exceptions=None) -> list[str]:
+    """`file:line text` for each engine a drafter module outside the formats registry names in code."""
+    exceptions = ENGINE_NAME_EXCEPTIONS if exceptions is None else exceptions
+    out = []
+    for path in sorted((root / "eagle3_assets" / "drafter").rglob("*.py")):
+        rel = path.relative_to(root / "eagle3_assets").as_posix()
+        if rel.startswith(FORMATS_PACKAGE) or "*" in exceptions.get(rel, {}):
+            continue
+        if ENGINE_NAMES.search(path.stem) and path.stem not in exceptions.get(rel, {}):
+            out.append(f"{rel}:0 {path.stem}")
+        out += [f"{rel}:{line} {text!r}" for line, text in engine_names_in_code(path)
+                if text not in exceptions.get(rel, {})]
+    return out
+
+
+def test_no_drafter_module_outside_the_formats_registry_names_an_engine():
+    """Each engine's export is its serving format's (``drafter/formats``); the rest of the stage asks the
+    registry. Docstrings may name engines (they say why); code may not, save the listed exceptions."""
+    named = drafter_engine_names()
+    assert not named, "drafter modules naming an engine outside drafter/formats/:\n" + "\n".join(named)
+    for rel, names in ENGINE_NAME_EXCEPTIONS.items():
+        path = ROOT / "eagle3_assets" / rel
+        used = {"*", path.stem} | {text for _, text in engine_names_in_code(path)}
+        assert set(names) <= used, f"{rel}: exceptions no longer named: {sorted(set(names) - used)}"
+
+
+def test_the_engine_name_rule_names_an_injected_branch(tmp_path):
+    """The checker itself: a literal, an identifier and an import are named; a docstring and a
+    module in the formats package are not."""
+    drafter = tmp_path / "eagle3_assets" / "drafter"
+    (drafter / "formats").mkdir(parents=True)
+    (drafter / "formats" / "llama_sglang.py").write_text('ENGINE = "sglang"\n')
+    (drafter / "export.py").write_text('"""Written for SGLang and vLLM."""\n'
+                                       "from eagle3_assets.engines.vllm import roles\n\n\n"
+                                       "def export(engine, export_vllm=None):\n"
+                                       '    """For vLLM."""\n'
+                                       '    return engine == "SGLang"\n')
+    assert drafter_engine_names(tmp_path, exceptions={}) == [
+        "drafter/export.py:2 'eagle3_assets.engines.vllm'", "drafter/export.py:5 'export_vllm'",
+        "drafter/export.py:7 'SGLang'"]

@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from eagle3_assets.drafter.export import check_sglang_export, check_vllm_export, export_sglang, export_vllm
+from eagle3_assets.drafter import formats
+from eagle3_assets.drafter.formats.llama_layout import export_rope_problems
 from eagle3_assets.drafter.model import DrafterConfig, build_drafter
-from eagle3_assets.drafter.rope import export_rope_problems, rope_frequencies
+from eagle3_assets.drafter.rope import rope_frequencies
 from eagle3_assets.target import layers as hidden_layers
 from eagle3_assets.target.tokenizer import TargetTokenizer
 from eagle3_assets.tokens.rows import build_token_row
@@ -211,14 +212,14 @@ def test_drafter_rope_is_what_transformers_reads_from_the_export(tmp_path):
                                 intermediate_size=32, vocab_size=300, num_hidden_layers=7)
     cfg = DrafterConfig.from_target(small, draft_vocab_size=16)
     model = build_drafter(cfg, torch.randn(300, 64))
-    out = export_sglang(model, tmp_path / "sglang", dtype="float32")
+    out = formats.export("sglang", model, tmp_path / "sglang", dtype="float32")
     exported = json.loads((out / "config.json").read_text())
     hf = LlamaConfig(**{k: v for k, v in exported.items() if k not in ("architectures", "eagle_config")})
     inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
     ours, our_factor = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     assert torch.allclose(inv_freq, ours) and factor == pytest.approx(our_factor) == pytest.approx(1.4158883)
-    assert check_sglang_export(out) == []
-    assert check_vllm_export(export_vllm(model, tmp_path / "vllm", dtype="float32")) == []
+    assert formats.check("sglang", out) == []
+    assert formats.check("vllm", formats.export("vllm", model, tmp_path / "vllm", dtype="float32")) == []
 
 
 def test_export_checks_refuse_what_an_engine_would_misread(tmp_path):
@@ -230,12 +231,12 @@ def test_export_checks_refuse_what_an_engine_would_misread(tmp_path):
     small["text_config"].update(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, v_head_dim=16,
                                 intermediate_size=32, vocab_size=300, num_hidden_layers=7)
     model = build_drafter(DrafterConfig.from_target(small, draft_vocab_size=16), torch.randn(300, 64))
-    out = export_sglang(model, tmp_path / "sglang", dtype="float32")
+    out = formats.export("sglang", model, tmp_path / "sglang", dtype="float32")
     cfg = json.loads((out / "config.json").read_text())
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 3, 4]
     cfg["rope_scaling"]["mscale"] = 1.0
     (out / "config.json").write_text(json.dumps(cfg))
-    problems = check_sglang_export(out)
+    problems = formats.check("sglang", out)
     assert any("do not start at 1" in p for p in problems) and any("mscale" in p for p in problems)
 
 
