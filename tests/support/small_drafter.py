@@ -54,7 +54,8 @@ def answer_features(embedded, model_dir: Path, out_dir: Path, questions: list[st
     masks = [[0] * len(p) + [1] * len(g.output_ids) for p, g in zip(prompts, gens)]
     feats = target_features(embedded.model, seqs, masks, layer_ids)
     write_samples(out_dir, feats, layer_ids=layer_ids, num_layers=text["num_hidden_layers"],
-                  target={"name": Path(model_dir).name, "id": "small-drafter"}, split=split)
+                  target={"name": Path(model_dir).name, "id": "small-drafter"}, split=split,
+                  id_prefix="s" if split == "train" else "e")  # the teacher caches by sample id: none shared
     return Path(out_dir)
 
 
