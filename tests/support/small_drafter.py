@@ -38,9 +38,10 @@ def train_small_drafter(embedded, model_dir: Path, out_dir: Path, *, k: int = 3,
 
 
 def answer_features(embedded, model_dir: Path, out_dir: Path, questions: list[str], *, layer_ids=None,
-                    max_new_tokens: int = 24) -> Path:
+                    max_new_tokens: int = 24, split: str = "train") -> Path:
     """The target's greedy answers to ``questions`` and their features, stored as the
-    ``hidden_states`` asset stores them (a shard directory training streams from)."""
+    ``hidden_states`` asset stores them (a shard directory training streams from), as ``split``
+    samples (``eval``: the held-out samples the trainer's acceptance estimate scores)."""
     from eagle3_assets.drafter.spec_decode import target_features
     from eagle3_assets.hidden_states.write import write_samples
     from eagle3_assets.target.layers import resolve_layer_ids
@@ -53,19 +54,23 @@ def answer_features(embedded, model_dir: Path, out_dir: Path, questions: list[st
     masks = [[0] * len(p) + [1] * len(g.output_ids) for p, g in zip(prompts, gens)]
     feats = target_features(embedded.model, seqs, masks, layer_ids)
     write_samples(out_dir, feats, layer_ids=layer_ids, num_layers=text["num_hidden_layers"],
-                  target={"name": Path(model_dir).name, "id": "small-drafter"})
+                  target={"name": Path(model_dir).name, "id": "small-drafter"}, split=split,
+                  id_prefix="s" if split == "train" else "e")  # the teacher caches by sample id: none shared
     return Path(out_dir)
 
 
 def train_on_features(features: Path, model_dir: Path, out_dir: Path, *, k: int = 3, steps: int = 40,
                       attention: str = "llama", draft_vocab_size: int = 512, intermediate_size: int = 256,
-                      lr: float = 3e-3, max_length: int = 64, **switches: bool):
+                      lr: float = 3e-3, max_length: int = 64, eval_features: Path | None = None,
+                      checkpoint_every: int | None = None, **switches: bool):
     """A drafter of ``attention`` kind (with EAGLE 3.1's ``switches``) trained by the project's trainer
-    on a shard directory."""
+    on a shard directory. With ``eval_features`` (a shard directory of ``eval`` samples) the trainer
+    scores its acceptance estimate at chain length ``k`` at each checkpoint (every ``checkpoint_every``
+    steps, default: the last only), and keeps every checkpoint under ``out_dir/checkpoints``."""
     from eagle3_assets.drafter.model import DrafterConfig, build_drafter
     from eagle3_assets.drafter.target_weights import read_target_embeddings, read_target_lm_head
     from eagle3_assets.drafter.training.config import TrainSettings
-    from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset
+    from eagle3_assets.drafter.training.data import ShardBatches, ShardDataset, eval_split
     from eagle3_assets.drafter.training.loop import train
     from eagle3_assets.drafter.training.teacher import Teacher
     from eagle3_assets.drafter.vocab_map import build_vocab_map
@@ -77,9 +82,13 @@ def train_on_features(features: Path, model_dir: Path, out_dir: Path, *, k: int 
                                      intermediate_size=intermediate_size, attention=attention,
                                      aux_layer_ids=dataset.aux_layer_ids, **switches)
     model = build_drafter(dcfg, read_target_embeddings(model_dir), vmap, seed=0)
+    every = checkpoint_every or steps
     settings = TrainSettings(max_steps=steps, batch_size=4, ttt_steps=k, lr=lr, warmup_steps=3,
-                             checkpoint_every=steps, max_length=max_length)
-    train(settings, model, ShardBatches(dataset, 4, seed=0), teacher, Path(out_dir), progress=False)
+                             checkpoint_every=every, keep_checkpoints=-(-steps // every), max_length=max_length)
+    held_out = eval_split({Path(eval_features): 1.0}, max_length=max_length,
+                          samples=settings.eal_samples) if eval_features else None
+    train(settings, model, ShardBatches(dataset, 4, seed=0), teacher, Path(out_dir), progress=False,
+          eval_data=ShardBatches(held_out, 4, seed=0, shuffle=False) if held_out else None, eal_k=k)
     dataset.close()
     return model.eval()
 
