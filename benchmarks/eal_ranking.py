@@ -4,7 +4,7 @@ One small drafter is trained on the embedded target (SmolLM2) by the project's t
 target's greedy replies to the bundled demo prompts, every sixth prompt held out as the eval
 split the estimate scores (``drafter/training/acceptance.py``). A checkpoint every ``--every``
 steps, each with the EAL at chain length ``k`` the trainer logs. Each checkpoint is exported
-(float32, ``export_sglang`` / ``export_vllm``) and served by every engine with a serve role on
+(float32, through the serving formats' registry) and served by every engine with a serve role on
 this machine (the registry's ``ROLES``: vLLM's CPU build, SGLang's CPU engine), a chain of ``k``
 draft tokens, greedy, on held-out prompts the drafter never saw (the serving benchmark's bundled
 prompts, two per category); the acceptance length is the engine's own counters'
@@ -56,7 +56,7 @@ def demo_questions() -> list[str]:
 
 def checkpoint_exports(model, model_dir: Path, train_dir: Path, out: Path, k: int) -> dict[int, Path]:
     """Each kept checkpoint's weights exported for both engines: step -> its folder (``sglang/``, ``vllm/``)."""
-    from eagle3_assets.drafter.export import export_sglang, export_vllm
+    from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.training.checkpoints import checkpoints_dir, load_checkpoint
 
     folders = {}
@@ -64,8 +64,8 @@ def checkpoint_exports(model, model_dir: Path, train_dir: Path, out: Path, k: in
         state = load_checkpoint(path)
         model.load_state_dict(state["model"], strict=False)  # as the trainer's use_best loads the best
         folder = out / f"step-{state['step']}"
-        export_sglang(model, folder / "sglang", dtype="float32")
-        export_vllm(model, folder / "vllm", dtype="float32", verifier=str(model_dir), speculative_tokens=k)
+        formats.export("sglang", model, folder / "sglang", dtype="float32")
+        formats.export("vllm", model, folder / "vllm", dtype="float32", verifier=str(model_dir), speculative_tokens=k)
         folders[state["step"]] = folder
     return folders
 
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from eagle3_assets.drafter.export import load_vllm
+    from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.replay_acceptance import replay_acceptance, replay_inputs
     from eagle3_assets.drafter.spec_decode import greedy_generate
     from eagle3_assets.drafter.training.acceptance import best_estimate, estimate_summary
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
         items = replay_inputs(embedded.model, prompts, greedy, model.config.aux_layer_ids, lookahead=args.k)
         replay = {}
         for s in steps:
-            rep = replay_acceptance(load_vllm(folders[s] / "vllm").float().eval(), items, k=args.k,
+            rep = replay_acceptance(formats.load("vllm", folders[s] / "vllm").float().eval(), items, k=args.k,
                                     max_new_tokens=args.max_new, stop_ids=stops)
             replay[s] = rep.acceptance_length
         log("replay evaluator AL " + " ".join(f"{s}:{v:.3f}" for s, v in replay.items()))
