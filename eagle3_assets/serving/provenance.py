@@ -39,7 +39,8 @@ def cell_key(cell, *, export_sha: str, engine_version: str, bench_hash: str, mac
     """The cache key of one cell: what must be equal for a journal line to stand for it."""
     # the export's sha256 keys the baseline's cells too: a speedup is against a baseline of the same run
     what = {"cell": cell.key, "export": export_sha, "engine": engine_version,
-            "bench": bench_hash, "machine": machine_name, "max_new_tokens": max_new_tokens, "target": target_id}
+            "bench": bench_hash, "machine": machine_name, "max_new_tokens": max_new_tokens, "target": target_id,
+            "requests": "at least the level"}  # a cell sends its category's prompts cycled up to its level
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 

@@ -28,12 +28,14 @@ def _reference(entries: list[dict]) -> dict[str, dict[str, list[int]]]:
 
 
 def mismatches(entries: list[dict]) -> list[dict]:
-    """Each (cell, prompt) whose output differs from the baseline's, with the first differing position."""
+    """Each (cell, prompt) whose output differs from the baseline's, with the first differing position
+    (a prompt sent more than once in a cell, to fill its level, is compared once per reply)."""
     ref = _reference(entries)
     found = []
     for e in entries:
         base = ref.get(e["engine"], {})
-        for pid, ids in e["outputs"].items():
+        replies = [*e["outputs"].items(), *((pid, ids) for pid, more in e.get("copy_outputs", {}).items() for ids in more)]
+        for pid, ids in replies:
             want = base.get(pid)
             if want is None or ids == want:
                 continue

@@ -1,5 +1,6 @@
 """Run the sweep: for each engine with a serve role, one server per setting (the baseline first),
-each concurrency level and category measured as one batch, each cell journaled as it finishes.
+each concurrency level and category measured as one batch (at least as many requests as the level),
+each cell journaled as it finishes.
 
 The engines come from the registry (``engine_names("serve")``); nothing here names one. An engine
 missing from the machine is reported, one that cannot serve the recipe's layout is skipped with the
@@ -152,9 +153,18 @@ def _warm_up(role, url, bench, spec) -> None:
         role.timed(client, url, bench.ids[0], max_new_tokens=4, stop_token_ids=bench.stop_ids)
 
 
+def cell_requests(chosen: list, concurrency: int) -> list:
+    """A cell's requests: its category's prompts, cycled to at least ``concurrency`` of them, so the
+    level is reached even where a category holds fewer prompts than requests in flight."""
+    if not chosen:
+        return []
+    return [chosen[i % len(chosen)] for i in range(max(len(chosen), concurrency))]
+
+
 def measure_cell(role, url: str, bench: Bench, spec: SweepSpec, cell, key: str, provenance: dict) -> dict:
     """One category's prompts at the cell's concurrency: timings, outputs, the engine's counters."""
-    chosen = [(p, ids) for p, ids in zip(bench.prompts, bench.ids) if p.category == cell.category]
+    chosen = cell_requests([(p, ids) for p, ids in zip(bench.prompts, bench.ids) if p.category == cell.category],
+                           cell.concurrency)
     with _client(spec) as client:
         before = role.counters(client, url)
 
@@ -168,6 +178,13 @@ def measure_cell(role, url: str, bench: Bench, spec: SweepSpec, cell, key: str, 
     timed = [Timed(p.prompt_id, r.sent, r.arrivals, r.output_ids, r.meta) for p, r in replies]
     acceptance = None if cell.setting.baseline else role.batch_acceptance(before, after, [r for _, r in replies],
                                                                           cell.setting.steps)
+    outputs: dict[str, list[int]] = {}
+    copies: dict[str, list[list[int]]] = {}  # a prompt sent again to fill the level: each later reply
+    for t in timed:
+        if t.prompt_id in outputs:
+            copies.setdefault(t.prompt_id, []).append(t.output_ids)
+        else:
+            outputs[t.prompt_id] = t.output_ids
     return {"key": key, "engine": cell.engine, "setting": cell.setting.as_dict(), "label": cell.setting.label,
             "concurrency": cell.concurrency, "category": cell.category, "figures": batch_figures(timed),
-            "acceptance": acceptance, "outputs": {t.prompt_id: t.output_ids for t in timed}, "provenance": provenance}
+            "acceptance": acceptance, "outputs": outputs, "copy_outputs": copies, "provenance": provenance}

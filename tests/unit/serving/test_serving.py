@@ -119,13 +119,15 @@ def test_a_server_that_dies_is_restarted_and_measured_cells_are_kept_then_reused
     out = run_sweep(bench, spec, journal, roles={"fake": role}, log=lambda m: None)
     assert out.restarts == 1 and role.started == [0, 0, 2]
     assert out.measured == 12 and len(out.entries) == 12 and not out.skipped
-    # first server: warm-up, three c1 cells, the request it died on; then warm-up + three c2 cells; chain 2: 1 + 6
-    assert role.requests == 5 + 4 + 7
+    # first server: warm-up, three c1 cells, the request it died on (its c2 cell's second request is
+    # cancelled unless it had started); then warm-up + three c2 cells of two requests; chain 2: 1 + 3 + 6
+    assert role.requests in (5 + 7 + 10, 6 + 7 + 10)
     lines = (tmp_path / "j.jsonl").read_text().splitlines()
     assert len(lines) == 12 and len({json.loads(x)["key"] for x in lines}) == 12
+    requests = role.requests
     (tmp_path / "j.jsonl").write_text("\n".join(lines) + '\n{"key": "torn')  # a crash mid-write
     again = run_sweep(bench, spec, Journal(tmp_path / "j.jsonl"), roles={"fake": role}, log=lambda m: None)
-    assert again.measured == 0 and again.reused == 12 and role.started == [0, 0, 2]
+    assert again.measured == 0 and again.reused == 12 and role.started == [0, 0, 2] and role.requests == requests
     (bench.drafter_dir / "fake" / "config.json").write_text('{"changed": 1}')  # another export: everything again
     changed = run_sweep(bench, spec, Journal(tmp_path / "j.jsonl"), roles={"fake": role}, log=lambda m: None)
     assert changed.measured == 12 and changed.reused == 0
@@ -179,3 +181,20 @@ def test_streamed_events_of_both_engines_are_parsed():
     assert sglang_parse({"output_ids": [5, 6, 7, 8], "meta_info": {"x": 1}}, so_far) == ([7, 8], {"x": 1})
     assert sglang_parse({"output_ids": [9]}, so_far) == ([9], None)  # --stream-output: only the new ones
     assert isinstance(Streamed(sent=0.0), Streamed)
+
+
+def test_a_level_above_a_categorys_prompts_is_reached_and_every_copy_checked(tmp_path):
+    role = FakeServe()
+    bench = _bench(tmp_path)  # one prompt per category
+    out = run_sweep(bench, SweepSpec(chains=[2], concurrency=[1, 3]), Journal(tmp_path / "j.jsonl"),
+                    roles={"fake": role}, log=lambda m: None)
+    sent = {(e["label"], e["concurrency"]): e["figures"]["requests"] for e in out.entries}
+    assert set(sent.values()) == {1, 3} and all(n == c for (_, c), n in sent.items())
+    assert role.requests == 2 * (1 + 3 * 1 + 3 * 3)  # per server: warm-up, c1 cells, c3 cells of three
+    c3 = next(e for e in out.entries if e["concurrency"] == 3 and e["label"] == "chain 2")
+    pid = next(iter(c3["outputs"]))
+    assert len(c3["copy_outputs"][pid]) == 2 and not mismatches(out.entries)
+    c3["copy_outputs"][pid][1] = [*c3["outputs"][pid][:4], 96]  # one copy of three answered otherwise
+    bad = mismatches(out.entries)
+    assert [(m["setting"], m["concurrency"], m["prompt"], m["first_difference_at"]) for m in bad] == [
+        ("chain 2", 3, pid, 4)]
