@@ -62,11 +62,12 @@ def answer_features(embedded, model_dir: Path, out_dir: Path, questions: list[st
 def train_on_features(features: Path, model_dir: Path, out_dir: Path, *, k: int = 3, steps: int = 40,
                       attention: str = "llama", draft_vocab_size: int = 512, intermediate_size: int = 256,
                       lr: float = 3e-3, max_length: int = 64, eval_features: Path | None = None,
-                      checkpoint_every: int | None = None, **switches: bool):
+                      checkpoint_every: int | None = None, seed: int = 0, **switches: bool):
     """A drafter of ``attention`` kind (with EAGLE 3.1's ``switches``) trained by the project's trainer
     on a shard directory. With ``eval_features`` (a shard directory of ``eval`` samples) the trainer
     scores its acceptance estimate at chain length ``k`` at each checkpoint (every ``checkpoint_every``
-    steps, default: the last only), and keeps every checkpoint under ``out_dir/checkpoints``."""
+    steps, default: the last only), and keeps every checkpoint under ``out_dir/checkpoints``. ``seed``:
+    the drafter's initialisation, the batch order and the trainer's own draws."""
     from eagle3_assets.drafter.model import DrafterConfig, build_drafter
     from eagle3_assets.drafter.target_weights import read_target_embeddings, read_target_lm_head
     from eagle3_assets.drafter.training.config import TrainSettings
@@ -81,13 +82,14 @@ def train_on_features(features: Path, model_dir: Path, out_dir: Path, *, k: int 
     dcfg = DrafterConfig.from_target(read_config(model_dir), draft_vocab_size=draft_vocab_size,
                                      intermediate_size=intermediate_size, attention=attention,
                                      aux_layer_ids=dataset.aux_layer_ids, **switches)
-    model = build_drafter(dcfg, read_target_embeddings(model_dir), vmap, seed=0)
+    model = build_drafter(dcfg, read_target_embeddings(model_dir), vmap, seed=seed)
     every = checkpoint_every or steps
     settings = TrainSettings(max_steps=steps, batch_size=4, ttt_steps=k, lr=lr, warmup_steps=3,
-                             checkpoint_every=every, keep_checkpoints=-(-steps // every), max_length=max_length)
+                             checkpoint_every=every, keep_checkpoints=-(-steps // every), max_length=max_length,
+                             seed=seed)
     held_out = eval_split({Path(eval_features): 1.0}, max_length=max_length,
                           samples=settings.eal_samples) if eval_features else None
-    train(settings, model, ShardBatches(dataset, 4, seed=0), teacher, Path(out_dir), progress=False,
+    train(settings, model, ShardBatches(dataset, 4, seed=seed), teacher, Path(out_dir), progress=False,
           eval_data=ShardBatches(held_out, 4, seed=0, shuffle=False) if held_out else None, eal_k=k)
     dataset.close()
     return model.eval()
