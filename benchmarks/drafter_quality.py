@@ -276,6 +276,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reference-python", default=str(REPO / ".venv-speculators" / "bin" / "python"))
     ap.add_argument("--reference-epochs", type=int, default=None, help="reference: a smoke run of this many epochs")
     ap.add_argument("--reference-limit", type=int, default=None, help="reference: a smoke run on the first N train rows")
+    ap.add_argument("--record", default="drafter_quality",
+                    help="table: the results file's name (a later run's rows need not replace an earlier run's)")
     args = ap.parse_args(argv)
     setup_env(args.root.resolve())
     if args.command == "data":
@@ -307,8 +309,8 @@ def main(argv=None) -> int:
     elif args.command == "table":
         print(table(args.root, args.names))
         rows = result_rows(args.root, args.names)
-        record("drafter_quality", {r["name"]: table_figures(r) for r in rows})
-        record("drafter_quality_eal", rank_correlations(rows))  # the rank correlations the table printed
+        record(args.record, {r["name"]: table_figures(r) for r in rows})
+        record(f"{args.record}_eal", rank_correlations(rows))  # the rank correlations the table printed
         png = plot_curves(args.root, args.names, args.root / "results" / "acceptance_over_training.png")
         if png:
             print(f"acceptance over training: {png}")
