@@ -59,7 +59,7 @@ from quality_recipes import (
     uptime,
     write_recipe,
 )
-from quality_table import plot_curves, rank_correlations, result_rows, table, table_figures
+from quality_table import plot_curves, rank_correlations, result_rows, seed_spread, table, table_figures
 from results import record
 
 
@@ -311,6 +311,7 @@ def main(argv=None) -> int:
         rows = result_rows(args.root, args.names)
         record(args.record, {r["name"]: table_figures(r) for r in rows})
         record(f"{args.record}_eal", rank_correlations(rows))  # the rank correlations the table printed
+        record(f"{args.record}_seeds", seed_spread(rows))  # each recipe's spread over its seeds
         png = plot_curves(args.root, args.names, args.root / "results" / "acceptance_over_training.png")
         if png:
             print(f"acceptance over training: {png}")

@@ -46,7 +46,39 @@ def table(root: Path, names: list[str]) -> str:
                    f"{' / '.join(f'{x:.2f}' for x in t['per_position_rate'])} | {vp} | {sp} | {ul} | "
                    f"{tr['tokens_per_s']:.0f} | {tr['wall_s']:.0f} | {r['row_wall_s']:.0f} | "
                    f"{r['trainer_peak_rss_mib']:.0f} | {r['load_before']} |")
-    return "\n".join([*out, "", rank_lines(rank_correlations(result_rows(root, names)))])
+    rows = result_rows(root, names)
+    return "\n".join([*out, "", rank_lines(rank_correlations(rows)), "", spread_lines(seed_spread(rows))])
+
+
+def seed_spread(rows: list[dict]) -> dict:
+    """Each recipe run on several seeds (``<row>`` is seed 0, ``<row>_seed<n>`` the others): the
+    seeds' mean, lowest and highest acceptance length by each evaluator, so a lever's gain can be
+    read against the spread of one recipe."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(re.sub(r"_seed[0-9]+$", "", r["name"]), []).append(r)
+    out = {}
+    for base, rs in groups.items():
+        if len(rs) < 2:
+            continue
+        out[base] = {"seeds": len(rs), "rows": [r["name"] for r in rs]}
+        for label, al in EVALUATORS.items():
+            vals = [v for r in rs if (v := al(r)) is not None]
+            if vals:
+                out[base][f"AL {label}"] = {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals),
+                                            "n": len(vals)}
+    return out
+
+
+def spread_lines(spread: dict) -> str:
+    if not spread:
+        return "No recipe has more than one seed among these rows."
+    lines = ["Across seeds (mean, lowest to highest, seeds):"]
+    for base, s in spread.items():
+        figs = ", ".join(f"{k} {v['mean']:.3f} ({v['min']:.3f} to {v['max']:.3f}, {v['n']})"
+                         for k, v in s.items() if k.startswith("AL "))
+        lines.append(f"- {base}: {figs}")
+    return "\n".join(lines)
 
 
 EVALUATORS = {"project": lambda r: r["eval"]["trained"].get("acceptance_length"),
