@@ -272,7 +272,7 @@ def cmd_serve_bench(args) -> int:
     ints = lambda s: [int(x) for x in s.split(",") if x.strip()]  # noqa: E731
     config = {"chains": ints(args.chains), "concurrency": ints(args.concurrency), "max_new_tokens": args.max_new_tokens,
               "engines": [e for e in args.engines.split(",") if e], "files": [str(Path(f).resolve()) for f in args.file],
-              "per_category": args.per_category}
+              "per_category": args.per_category, "turn_reply_tokens": args.turn_reply_tokens}
     t0 = time.perf_counter()
     result = materialize_selection(_instance(layout), ["serving_benchmark"], args.recipe,
                                    {"ops": {"serving_benchmark": {"config": config}}})
@@ -366,9 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chains", default="1,3", help="chain lengths to sweep (draft tokens per step)")
     p.add_argument("--concurrency", default="1,4", help="requests in flight")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--per-category", type=int, default=2, help="prompts per category (0: all)")
+    p.add_argument("--per-category", type=int, default=2, help="rows per category (0: all); a row of k turns gives k prompts")
     p.add_argument("--engines", default="", help="comma-separated serve engines (default: every one)")
     p.add_argument("--file", action="append", default=[], help="a benchmark file (MT-bench, SPEED-Bench or project rows)")
+    p.add_argument("--turn-reply-tokens", type=int, default=512,
+                   help="the target's reply to each earlier turn of a multi-turn row, at most (made once, cached)")
     p.set_defaults(fn=cmd_serve_bench)
     p = sub.add_parser("ui", help="serve the Dagster webserver and daemon on 127.0.0.1")
     p.add_argument("--port", type=int, default=3000)

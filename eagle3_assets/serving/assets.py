@@ -18,9 +18,10 @@ class ServingBenchmarkConfig(dg.Config):
     pythons: dict[str, str] = {}  # engine -> its interpreter; empty: the engine's own environment
     bundled: bool = True  # the project's categorized prompts
     files: list[str] = []  # MT-bench, SPEED-Bench or project-format JSONL/Parquet files with categories
-    per_category: int = 2  # prompts per category (0: all)
+    per_category: int = 2  # rows per category (0: all); a row of k turns gives k prompts
     heldout_per_dataset: int = 2  # prompts of each recipe dataset's held-out split, as heldout:<dataset>
     extra_categories: list[str] = []  # categories of the user's files beyond the known ones
+    turn_reply_tokens: int = 512  # the target's greedy reply to each earlier turn of a multi-turn row, at most
     restarts: int = 2  # a server that died is started again this often per setting
 
 
@@ -32,8 +33,18 @@ def sweep_and_choice(config: ServingBenchmarkConfig):
                       max_new_tokens=config.max_new_tokens, engines=list(config.engines), restarts=config.restarts,
                       pythons=dict(config.pythons))
     choice = PromptChoice(bundled=config.bundled, files=list(config.files), per_category=config.per_category,
-                          heldout_per_dataset=config.heldout_per_dataset, extra_categories=list(config.extra_categories))
+                          heldout_per_dataset=config.heldout_per_dataset, extra_categories=list(config.extra_categories),
+                          turn_reply_tokens=config.turn_reply_tokens)
     return sweep, choice
+
+
+def resource_replies(target):
+    """The target resource's own model (its device and dtype) answers a multi-turn row's earlier turns."""
+    from eagle3_assets.serving.turns import ReplyModel
+    from eagle3_assets.target.precision import resolve_device
+
+    device = resolve_device(target.device)
+    return ReplyModel(target.load_model, f"{device} {target.torch_dtype(device)}")
 
 
 @dg.asset(
@@ -55,7 +66,8 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
     layout, spec = context.resources.storage.layout, context.resources.target.spec()
     recipe = load_recipe(context.partition_key)
     sweep, choice = sweep_and_choice(config)
-    result = benchmark(layout, recipe, spec, sweep, choice, log=context.log.info)
+    result = benchmark(layout, recipe, spec, sweep, choice, replies=resource_replies(context.resources.target),
+                       log=context.log.info)
     if result["reused"] and not result["measured"]:
         context.log.info(f"reusing all {result['reused']} cells: the exports, engines, prompts and machine are unchanged")
     elif result["reused"]:
@@ -78,5 +90,6 @@ def serving_benchmark(context: dg.AssetExecutionContext, config: ServingBenchmar
         "cells_measured": result["measured"], "cells_reused": result["reused"], "server_restarts": result["restarts"],
         "wall_s": round(result["wall_s"], 1), "bench_hash": result["bench_hash"], "machine": result["machine"],
         "prompts": len(result["prompts"]),
+        "turn_replies": json.dumps(result["turn_replies"]),
         "best_file": dg.MetadataValue.path(str(layout.drafter_dir(recipe.name) / "serving.json")),
     })

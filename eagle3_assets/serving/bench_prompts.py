@@ -3,9 +3,11 @@
 A user's file is JSONL (or Parquet) in one of three row shapes, told apart per row:
 MT-bench's (``question_id``, ``category``, ``turns``), SPEED-Bench's (the same plus ``sub_category``,
 ``source``, ``multiturn``, ...) and the project's own prompt rows (``messages`` with tools, tool calls
-and tool results, or ``conversations``) with a ``category``. A row of ``turns`` is benchmarked on its
-first turn: a later turn follows the target's own reply, which is what is being measured. An unknown
-category or a malformed row raises one :class:`BenchPromptError` naming file, row and field.
+and tool results, or ``conversations``) with a ``category``. A row of ``turns`` is read as its first
+turn, keeping the later ones (``turns``): as in MT-bench, turn ``j`` is asked after the target's own
+replies to the turns before it, which ``serving/turns.py`` generates once and adds as prompts of their
+own. An unknown category or a malformed row raises one :class:`BenchPromptError` naming file, row
+and field.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ CATEGORIES = ("chat", "writing", "roleplay", "coding", "math", "reasoning", "ext
               "humanities", "multilingual", "qa", "rag", "multi-turn", "agentic", "long-input")
 HELDOUT = "heldout:"  # the category of a recipe dataset's held-out split: heldout:<dataset>
 BUNDLED = "serving_prompts.jsonl"
+TURN_MARK = "/turn"  # a later turn's prompt id: <question_id>/turn<j>, j counted from 1
 
 
 class BenchPromptError(UserInputError):
@@ -37,6 +40,7 @@ class BenchPrompt:
     messages: tuple = ()  # json-ready messages (tools kept structured), rendered by the target's template
     tools: tuple = ()
     ids: tuple[int, ...] = ()  # already token ids (a held-out prompt of the corpus)
+    turns: tuple[str, ...] = ()  # every user turn of an MT-bench row (messages holds the first)
 
     def render(self, tokenizer) -> list[int]:
         if self.ids:
@@ -66,12 +70,16 @@ def parse_bench_row(row: dict, number: int, path, known: tuple[str, ...] = CATEG
         raise _error(path, number, "category", f"unknown category {category!r}; known: {', '.join(known)}")
     if "turns" in row:
         turns = row["turns"]
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+        if not isinstance(turns, list) or not turns:
             raise _error(path, number, "turns", "must be a non-empty list of non-empty strings")
+        for i, t in enumerate(turns):
+            if not isinstance(t, str) or not t.strip():
+                raise _error(path, number, f"turns[{i}]", f"must be a non-empty string, got {t!r}"[:200])
         qid = row.get("question_id")
         if qid is None or isinstance(qid, bool) or str(qid) == "":
             raise _error(path, number, "question_id", "missing")
-        return BenchPrompt(str(qid), category, Path(str(path)).name, ({"role": "user", "content": turns[0]},))
+        return BenchPrompt(str(qid), category, Path(str(path)).name, ({"role": "user", "content": turns[0]},),
+                           turns=tuple(turns))
     try:
         p = parse_row(row, number)
     except RowError as e:

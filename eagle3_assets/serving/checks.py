@@ -40,15 +40,17 @@ def serving_outputs_equal_baseline(context: dg.AssetCheckExecutionContext, stora
 
 
 @dg.asset_check(asset=serving_benchmark, blocking=True, partitions_def=recipe_partitions,
-                description="No benchmark prompt is in the recipe's training data (rendered ids against the train "
-                            "split's prompts): an acceptance measured on training prompts says nothing.")
+                description="No benchmark prompt is in the recipe's training data (rendered ids, and each user turn "
+                            "asked alone, against the train split's prompts): an acceptance measured on training "
+                            "prompts says nothing.")
 def serving_prompts_not_trained_on(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
     result = _result(storage, context.partition_key)
     if result is None:
         return _missing(context.partition_key)
     dirty = result["contaminated"]
     lines = [f"benchmark prompt {d['prompt']} ({d['category']}, {d['source']}) is in the training data of "
-             f"{d['training_dataset']}" for d in dirty]
+             f"{d['training_dataset']}" + (f" ({d['match']}, asked alone)" if d.get("match", "prompt") != "prompt" else "")
+             for d in dirty]
     return dg.AssetCheckResult(passed=not dirty, description="; ".join(lines[:20]) or
                                f"none of the {len(result['prompts'])} prompts is in the training data",
                                metadata={"contaminated": len(dirty)})

@@ -26,6 +26,7 @@ from eagle3_assets.serving.journal import Journal
 from eagle3_assets.serving.provenance import machine
 from eagle3_assets.serving.results import best_settings, mismatches, rows
 from eagle3_assets.serving.sweep import Bench, SweepSpec, run_sweep
+from eagle3_assets.serving.turns import REPLIES_FILE, ReplyModel, target_replies, with_later_turns
 
 BEST_FILE = "serving.json"
 
@@ -34,9 +35,10 @@ BEST_FILE = "serving.json"
 class PromptChoice:
     bundled: bool = True
     files: list[str] = field(default_factory=list)  # MT-bench, SPEED-Bench or project-format files
-    per_category: int = 2  # of each category (0: all)
+    per_category: int = 2  # rows of each category (0: all); a row of k turns is k prompts
     heldout_per_dataset: int = 2  # of each recipe dataset's held-out split (0: none)
     extra_categories: list[str] = field(default_factory=list)
+    turn_reply_tokens: int = 512  # the target's reply to an earlier turn of a multi-turn row, at most
 
 
 def gather_prompts(choice: PromptChoice, layout, datasets) -> list:
@@ -56,18 +58,29 @@ def serving_dir(layout, recipe: str) -> Path:
     return layout.drafter_dir(recipe) / "serving"
 
 
+def embedded_replies(target) -> ReplyModel:
+    """The target in this process on the CPU in float32, where no resource says otherwise."""
+    from eagle3_assets.target.embedded import EmbeddedModel
+
+    return ReplyModel(lambda: EmbeddedModel(target.model_dir, tokenizer=target.load_tokenizer()), "cpu float32")
+
+
 def benchmark(layout, recipe, target, sweep: SweepSpec, choice: PromptChoice, *, roles: dict | None = None,
-              log: Callable[[str], None] = print) -> dict:
-    """Run (or reuse) the recipe's serving benchmark; returns what ``result.json`` holds."""
+              replies: ReplyModel | None = None, log: Callable[[str], None] = print) -> dict:
+    """Run (or reuse) the recipe's serving benchmark; returns what ``result.json`` holds. ``replies``:
+    the target that answers a multi-turn row's earlier turns (default :func:`embedded_replies`)."""
     from eagle3_assets.serving.contamination import contaminated, training_prompts
 
-    prompts = gather_prompts(choice, layout, list(recipe.datasets))
+    out_dir = serving_dir(layout, recipe.name)
+    chosen = gather_prompts(choice, layout, list(recipe.datasets))
     tok = target.load_tokenizer()
+    answers, turns = target_replies(chosen, tok, replies or embedded_replies(target), target_id=target.identity["id"],
+                                    reply_tokens=choice.turn_reply_tokens, cache=out_dir / REPLIES_FILE, log=log)
+    prompts = with_later_turns(chosen, answers)
     rendered = [p.render(tok) for p in prompts]
-    dirty = contaminated(prompts, rendered, training_prompts(layout, list(recipe.datasets)))
+    dirty = contaminated(prompts, rendered, training_prompts(layout, list(recipe.datasets)), tok)
     bench = Bench(prompts, rendered, prompt_set_hash(prompts, rendered), Path(target.model_dir),
                   layout.drafter_dir(recipe.name), target.identity["id"], machine(), list(target.stop_token_ids()))
-    out_dir = serving_dir(layout, recipe.name)
     outcome = run_sweep(bench, sweep, Journal(out_dir / "journal.jsonl"), roles=roles, log=log)
     table = rows(outcome.entries)
     best = best_settings(table)
@@ -76,7 +89,7 @@ def benchmark(layout, recipe, target, sweep: SweepSpec, choice: PromptChoice, *,
                           for p, ids in zip(prompts, rendered)],
               "sweep": asdict(sweep), "table": table, "mismatches": mismatches(outcome.entries), "contaminated": dirty,
               "missing": outcome.missing, "skipped": outcome.skipped, "notes": outcome.notes, "reused": outcome.reused,
-              "measured": outcome.measured, "restarts": outcome.restarts, "wall_s": outcome.wall_s,
+              "turn_replies": turns, "measured": outcome.measured, "restarts": outcome.restarts, "wall_s": outcome.wall_s,
               "best": {e: {c: _best_entry(r, bench, recipe, roles, e) for c, r in per.items()} for e, per in best.items()}}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))

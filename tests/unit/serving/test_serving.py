@@ -168,7 +168,7 @@ def test_a_benchmark_prompt_in_the_training_data_is_named(tmp_path):
     train = {tuple(bench.ids[2]): "qa"}
     assert contaminated(bench.prompts, bench.ids, train) == [
         {"prompt": bench.prompts[2].prompt_id, "category": bench.prompts[2].category, "source": bench.prompts[2].source,
-         "training_dataset": "qa"}]
+         "match": "prompt", "training_dataset": "qa"}]
 
 
 def test_streamed_events_of_both_engines_are_parsed():
