@@ -16,6 +16,9 @@ import pytest  # noqa: E402
 
 from eagle3_assets.paths import REPO_ROOT, DataLayout  # noqa: E402
 
+# Session fixtures: the small drafters several engine tests share, each trained once per session.
+pytest_plugins = ["tests.support.shared_drafters"]
+
 # The converted model is shared with `make demo` so it is dequantized once per checkout.
 MODEL_CACHE = Path(os.environ.get("EAGLE3_MODEL_CACHE") or REPO_ROOT / "data" / "models")
 os.environ["EAGLE3_MODEL_CACHE"] = str(MODEL_CACHE)
