@@ -1,5 +1,7 @@
 """The whole graph on three tiny datasets, up to a trained drafter and its acceptance check; then
-the check itself against drafters of known quality, with this test's own floor."""
+the check itself against drafters of known quality, with this test's own floor. The datasets, up to
+merged_corpus, are the session's (``demo_datasets``, tests/support/demo_data.py: every run of them
+asserted a success), shared with the streaming test of the same recipe."""
 
 import dataclasses
 import json
@@ -10,9 +12,8 @@ import pytest
 
 from eagle3_assets.drafter import formats
 from eagle3_assets.drafter.recipes import load_recipe
-from eagle3_assets.resources import DatasetSettings
-from tests.conftest import small_prompts, write_jsonl
-from tests.support.dagster_helpers import checks_by_name, run_dataset, run_drafter, run_hidden_states
+from tests.support.dagster_helpers import checks_by_name, run_drafter, run_hidden_states
+from tests.support.demo_data import install_demo_datasets
 
 pytestmark = pytest.mark.model
 
@@ -24,13 +25,11 @@ OWN_FLOOR = 1.2
 EXPECTED = {"trained": True, "random weights": False, "wrong aux layer ids": False}
 
 
-def test_demo_recipe_trains_through_pipes_and_is_measured(layout, model_dir):
+def test_demo_recipe_trains_through_pipes_and_is_measured(layout, model_dir, demo_datasets):
     recipe = load_recipe("demo")
-    settings = {"dataset_settings": DatasetSettings(eval_fraction=0.5)}
     with dg.instance_for_test() as instance:
+        install_demo_datasets(demo_datasets, layout, instance, recipe.datasets)
         for name in recipe.datasets:
-            write_jsonl(layout.prompt_source(name), small_prompts(4, prefix=f"{name}-"))
-            assert run_dataset(instance, name, resources=settings).success
             assert run_hidden_states(instance, name).success
         result = run_drafter(instance, "demo")
         assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
