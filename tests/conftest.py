@@ -16,6 +16,10 @@ import pytest  # noqa: E402
 
 from eagle3_assets.paths import REPO_ROOT, DataLayout  # noqa: E402
 
+# Session fixtures: the small drafters several engine tests share, each trained once per session, and
+# the demo recipe's datasets the demo drafter's tests train on, generated once per session.
+pytest_plugins = ["tests.support.shared_drafters", "tests.support.demo_data"]
+
 # The converted model is shared with `make demo` so it is dequantized once per checkout.
 MODEL_CACHE = Path(os.environ.get("EAGLE3_MODEL_CACHE") or REPO_ROOT / "data" / "models")
 os.environ["EAGLE3_MODEL_CACHE"] = str(MODEL_CACHE)

@@ -31,12 +31,27 @@ def complete_lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
-def test_kill_minus_nine_mid_generation_then_rerun(layout, model_dir, tmp_path):
-    n = 16
+def add_dataset(layout, monkeypatch, src: Path) -> dict:
+    """``eagle3 add-dataset`` (its ``main``, in this process: setup, not under test) into the data
+    root and its instance; the environment the Dagster CLI runs get."""
+    from eagle3_assets.cli import main
+
+    monkeypatch.setenv("DAGSTER_HOME", str(layout.dagster_home))
+    assert main(["add-dataset", str(src)]) == 0
+    return dict(os.environ, EAGLE3_HOME=str(layout.root), DAGSTER_HOME=str(layout.dagster_home))
+
+
+def test_kill_minus_nine_mid_generation_then_rerun(layout, model_dir, tmp_path, monkeypatch):
+    import dagster as dg
+
+    from tests.support.dagster_helpers import run_dataset
+
+    n = 8  # four batches of two: the kill lands after the second
     src = write_jsonl(tmp_path / "crash.jsonl", small_prompts(n))
-    env = dict(os.environ, EAGLE3_HOME=str(layout.root), DAGSTER_HOME=str(layout.dagster_home))
-    subprocess.run([str(BIN / "eagle3"), "add-dataset", str(src)], env=env, check=True, capture_output=True)
-    assert dagster_materialize(env, "prompts", "crash").wait(timeout=300) == 0
+    env = add_dataset(layout, monkeypatch, src)
+    # the prompts table, materialized in this process on the same instance (setup, not under test)
+    with dg.DagsterInstance.from_config(str(layout.dagster_home)) as instance:
+        assert run_dataset(instance, "crash", selection=["prompts"], run_config={}).success
 
     config = {"ops": {"raw_responses": {"config": {"max_new_tokens": 16, "batch_size": 2}}}}
     out = layout.responses_dir("crash") / "local.jsonl"
@@ -78,12 +93,11 @@ print(run.run_id)
 """
 
 
-def test_a_step_blocked_by_a_dead_runs_pool_slot_frees_it(layout, tmp_path):
+def test_a_step_blocked_by_a_dead_runs_pool_slot_frees_it(layout, tmp_path, monkeypatch):
     """A pool declared on an asset (``inventory`` in ``duckdb``): the executor frees the slot of a
     run whose process is gone as soon as the step reports it is blocked."""
     src = write_jsonl(tmp_path / "held.jsonl", small_prompts(2))
-    env = dict(os.environ, EAGLE3_HOME=str(layout.root), DAGSTER_HOME=str(layout.dagster_home))
-    subprocess.run([str(BIN / "eagle3"), "add-dataset", str(src)], env=env, check=True, capture_output=True)
+    env = add_dataset(layout, monkeypatch, src)
     holder = subprocess.run([sys.executable, "-c", HOLDER], env=env, check=True, capture_output=True, text=True)
     dead_run = holder.stdout.strip()
     log = tmp_path / "inventory.log"

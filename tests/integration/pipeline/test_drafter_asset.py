@@ -1,5 +1,7 @@
 """The whole graph on three tiny datasets, up to a trained drafter and its acceptance check; then
-the check itself against drafters of known quality, with this test's own floor."""
+the check itself against drafters of known quality, with this test's own floor. The datasets, up to
+merged_corpus, are the session's (``demo_datasets``, tests/support/demo_data.py: every run of them
+asserted a success), shared with the streaming test of the same recipe."""
 
 import dataclasses
 import json
@@ -10,9 +12,8 @@ import pytest
 
 from eagle3_assets.drafter import formats
 from eagle3_assets.drafter.recipes import load_recipe
-from eagle3_assets.resources import DatasetSettings
-from tests.conftest import small_prompts, write_jsonl
-from tests.support.dagster_helpers import checks_by_name, run_dataset, run_drafter, run_hidden_states
+from tests.support.dagster_helpers import checks_by_name, run_drafter, run_hidden_states
+from tests.support.demo_data import install_demo_datasets
 
 pytestmark = pytest.mark.model
 
@@ -24,13 +25,11 @@ OWN_FLOOR = 1.2
 EXPECTED = {"trained": True, "random weights": False, "wrong aux layer ids": False}
 
 
-def test_demo_recipe_trains_through_pipes_and_is_measured(layout, model_dir):
+def test_demo_recipe_trains_through_pipes_and_is_measured(layout, model_dir, demo_datasets):
     recipe = load_recipe("demo")
-    settings = {"dataset_settings": DatasetSettings(eval_fraction=0.5)}
     with dg.instance_for_test() as instance:
+        install_demo_datasets(demo_datasets, layout, instance, recipe.datasets)
         for name in recipe.datasets:
-            write_jsonl(layout.prompt_source(name), small_prompts(4, prefix=f"{name}-"))
-            assert run_dataset(instance, name, resources=settings).success
             assert run_hidden_states(instance, name).success
         result = run_drafter(instance, "demo")
         assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
@@ -59,7 +58,10 @@ def test_demo_recipe_trains_through_pipes_and_is_measured(layout, model_dir):
 def check_known_drafters(instance, layout, model_dir, recipe) -> dict[str, bool]:
     """``drafter_acceptance`` on three drafters put in the recipe's directory in turn: the one just
     trained, the same architecture with random weights, and the trained one whose SGLang export names
-    the wrong aux layers; each evaluated by the project's evaluator with this test's floor."""
+    the wrong aux layers; each checked against this test's floor. The random weights are evaluated
+    here by the project's evaluator, on the first held-out prompt (they accept nothing on any: recorded
+    1.00 on all three); the trained weights keep the figures the asset's run of the same evaluator
+    measured on these very files (greedy decoding of the same prompts: the same figures)."""
     from eagle3_assets.definitions import default_resources
     from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.assets import drafter_checkpoint
@@ -79,6 +81,8 @@ def check_known_drafters(instance, layout, model_dir, recipe) -> dict[str, bool]
     stop_ids = TargetSpec(model_dir=model_dir).stop_token_ids()
     outcomes, evals = {}, {}
     written = json.loads((trained / "result.json").read_text())
+    measured = json.loads((trained / "eval.json").read_text())  # by the asset, on the files copied back below
+    assert measured["prompts"] == len(prompts) and measured["exports"] == written["exports"]
     for kind in EXPECTED:
         for sub in ("sglang", "vllm"):
             shutil.rmtree(out / sub)
@@ -90,8 +94,9 @@ def check_known_drafters(instance, layout, model_dir, recipe) -> dict[str, bool]
             formats.export("vllm", model, out / "vllm", dtype="float32", verifier=str(model_dir))
             # recorded as a trainer of these weights records them: the evaluation refuses exports it did not write
             (out / "result.json").write_text(json.dumps({**written, "exports": fingerprints(out, ("sglang", "vllm"))}))
-        # the trained weights under a wrong config acceptance-test as the trained ones did
-        ev = evals["trained"] if kind == "wrong aux layer ids" else evaluate_drafter(model_dir, out, prompts, own, stop_ids)
+        # the trained weights (under a right or a wrong config) acceptance-test as the asset measured them
+        ev = evaluate_drafter(model_dir, out, prompts[:1], own, stop_ids) if kind == "random weights" else \
+            {**measured, "floor": own.evaluation.acceptance_floor, "margin": own.evaluation.acceptance_margin}
         evals[kind] = ev
         if kind == "wrong aux layer ids":  # an engine would read other layers than training used
             cfg = json.loads((out / "sglang" / "config.json").read_text())

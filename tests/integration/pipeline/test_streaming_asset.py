@@ -1,5 +1,7 @@
 """``drafter_checkpoint`` in streaming mode: one materialization starts the producers and the
-trainer, with no ``hidden_states`` materialized, and reports both sides in its metadata."""
+trainer, with no ``hidden_states`` materialized, and reports both sides in its metadata. The demo
+recipe's datasets, up to merged_corpus, are the session's (``demo_datasets``,
+tests/support/demo_data.py), shared with the offline test of the same recipe."""
 
 import json
 
@@ -7,20 +9,17 @@ import dagster as dg
 import pytest
 
 from eagle3_assets.drafter.recipes import load_recipe
-from eagle3_assets.resources import DatasetSettings
-from tests.conftest import small_prompts, write_jsonl
-from tests.support.dagster_helpers import run_dataset, run_drafter
+from tests.support.dagster_helpers import run_drafter
+from tests.support.demo_data import install_demo_datasets
 
 pytestmark = pytest.mark.model
 
 
-def test_demo_recipe_streams_from_one_materialization(layout):
+def test_demo_recipe_streams_from_one_materialization(layout, demo_datasets):
     recipe = load_recipe("demo")
     cap = 24 << 20
     with dg.instance_for_test() as instance:
-        for name in recipe.datasets:
-            write_jsonl(layout.prompt_source(name), small_prompts(4, prefix=f"{name}-"))
-            assert run_dataset(instance, name, resources={"dataset_settings": DatasetSettings(eval_fraction=0.5)}).success
+        install_demo_datasets(demo_datasets, layout, instance, recipe.datasets)
         result = run_drafter(instance, "demo", config={"threads": 1, "stream": {"cap_bytes": cap, "unit_bytes": 1 << 20,
                                                                                 "progress_every_s": 2.0}})
         assert result.success, [e.message for e in result.all_events if e.event_type_value == "STEP_FAILURE"]

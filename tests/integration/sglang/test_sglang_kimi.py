@@ -28,23 +28,19 @@ PROMPTS = small_drafter.HELD_OUT[:4]
 
 
 @pytest.fixture(scope="module")
-def kimi(kimi_mini_dir):
-    from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.target.tokenizer import TargetTokenizer
-
-    return EmbeddedModel(kimi_mini_dir, tokenizer=TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True))
+def kimi(kimi_embedded):
+    return kimi_embedded
 
 
 @pytest.fixture(scope="module")
-def mla_export(kimi, kimi_mini_dir, tmp_path_factory):
-    """A kimi-mini MLA drafter trained on the target's own greedy answers, exported for SGLang in float32."""
-    from eagle3_assets.drafter import formats
+def mla_export(kimi_mla_drafter):
+    """A kimi-mini MLA drafter trained on the target's own greedy answers (up to MAX_NEW tokens),
+    exported for SGLang in float32 (the session's, tests/support/shared_drafters.py, whose export
+    checks the MLA-draft requirement)."""
+    from tests.support.shared_drafters import KIMI_MAX_NEW
 
-    out = tmp_path_factory.mktemp("mla")
-    features = small_drafter.answer_features(kimi, kimi_mini_dir, out / "features", small_drafter.TRAIN_QUESTIONS,
-                                             max_new_tokens=MAX_NEW)
-    model = small_drafter.train_on_features(features, kimi_mini_dir, out / "train", k=K, attention="mla")
-    return formats.export("sglang", model, out / "sglang", dtype="float32")  # the MLA-draft requirement is checked here
+    assert (KIMI_MAX_NEW, K) == (MAX_NEW, 3)
+    return kimi_mla_drafter / "sglang"
 
 
 @pytest.fixture(scope="module")

@@ -27,14 +27,10 @@ PROMPTS = small_drafter.HELD_OUT[:4]
 
 
 @pytest.fixture(scope="module")
-def sglang_export(embedded, model_dir, tmp_path_factory, one_torch_thread):
-    """A small drafter trained on the target's own greedy answers, exported for SGLang in float32."""
-    from eagle3_assets.drafter import formats
-
-    out = tmp_path_factory.mktemp("drafter")
-    features = small_drafter.answer_features(embedded, model_dir, out / "features", small_drafter.TRAIN_QUESTIONS)
-    model = small_drafter.train_on_features(features, model_dir, out / "train", k=K)
-    return formats.export("sglang", model, out / "sglang", dtype="float32")
+def sglang_export(smol_drafter, one_torch_thread):
+    """A small drafter trained on the target's own greedy answers, exported for SGLang in float32
+    (the session's, tests/support/shared_drafters.py)."""
+    return smol_drafter / "sglang"
 
 
 @pytest.fixture(scope="module")

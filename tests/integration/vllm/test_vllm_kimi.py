@@ -36,18 +36,18 @@ IM_END, THINK = 163586, 163606
 
 
 @pytest.fixture(scope="module")
-def kimi(kimi_mini_dir):
-    from eagle3_assets.target.embedded import EmbeddedModel
-    from eagle3_assets.target.tokenizer import TargetTokenizer
-
-    return EmbeddedModel(kimi_mini_dir, tokenizer=TargetTokenizer.load(kimi_mini_dir, trust_remote_code=True))
+def kimi(kimi_embedded):
+    return kimi_embedded
 
 
 @pytest.fixture(scope="module")
-def mla_drafter(kimi, kimi_mini_dir, tmp_path_factory):
-    """A kimi-mini drafter with MLA attention, trained on the target's own greedy answers, float32."""
-    return small_drafter.train_small_drafter(kimi, kimi_mini_dir, tmp_path_factory.mktemp("mla"), k=K,
-                                             attention="mla", max_new_tokens=MAX_NEW)
+def mla_drafter(kimi_mla_drafter):
+    """A kimi-mini drafter with MLA attention, trained on the target's own greedy answers (up to
+    MAX_NEW tokens), exported for vLLM in float32 (the session's, tests/support/shared_drafters.py)."""
+    from tests.support.shared_drafters import KIMI_MAX_NEW
+
+    assert (KIMI_MAX_NEW, K) == (MAX_NEW, 3)
+    return kimi_mla_drafter / "vllm"
 
 
 @pytest.fixture(scope="module")

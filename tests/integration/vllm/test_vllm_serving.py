@@ -33,9 +33,10 @@ HELD_OUT = small_drafter.HELD_OUT
 
 
 @pytest.fixture(scope="module")
-def drafter_export(embedded, model_dir, tmp_path_factory):
-    """A small drafter trained on the target's own greedy answers, exported for vLLM in float32."""
-    return small_drafter.train_small_drafter(embedded, model_dir, tmp_path_factory.mktemp("drafter"), k=K)
+def drafter_export(smol_drafter):
+    """A small drafter trained on the target's own greedy answers, exported for vLLM in float32
+    (the session's, tests/support/shared_drafters.py)."""
+    return smol_drafter / "vllm"
 
 
 @pytest.fixture(scope="module")

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import serving_check, small_drafter
+from tests.support import serving_check
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
 
 
-def test_a_tiny_sweep_agrees_with_greedy_decoding_and_the_project_evaluator(embedded, model_dir, tmp_path):
+def test_a_tiny_sweep_agrees_with_greedy_decoding_and_the_project_evaluator(embedded, model_dir, smol_drafter,
+                                                                               tmp_path):
     from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.target_weights import read_target_embeddings
 
-    export = small_drafter.train_small_drafter(embedded, model_dir, tmp_path / "drafter", k=serving_check.K)
+    export = smol_drafter / "vllm"  # the session's small drafter (tests/support/shared_drafters.py), k=3
+    assert serving_check.K == 3
     result = serving_check.tiny_sweep("vllm", embedded, model_dir, export.parent, tmp_path)
     drafter = formats.load("vllm", export, read_target_embeddings(model_dir)).float().eval()
     greedy, project = serving_check.independent_records(embedded, model_dir, drafter, result["bench"])

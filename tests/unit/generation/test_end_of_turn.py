@@ -17,7 +17,10 @@ from eagle3_assets.target.spec import TargetSpec
 pytestmark = pytest.mark.model
 EOS, IM_END = 163585, 163586
 QUESTIONS = ["Name a color.", "Name a fruit.", "Hello", "What is 2+3?", "Say hi."]
-MAX_NEW = 64
+# Long enough to show a loop stopping on eos_token_id alone running past the turn: on this stand-in
+# each turn ends at the reply's first token (recorded on all five questions), the eos-only decoding
+# then runs to the limit.
+MAX_NEW = 16
 
 
 @pytest.fixture(scope="module")
