@@ -311,7 +311,8 @@ def main(argv=None) -> int:
         rows = result_rows(args.root, args.names)
         record(args.record, {r["name"]: table_figures(r) for r in rows})
         record(f"{args.record}_eal", rank_correlations(rows))  # the rank correlations the table printed
-        record(f"{args.record}_seeds", seed_spread(rows))  # each recipe's spread over its seeds
+        if spread := seed_spread(rows):  # each recipe's spread over its seeds
+            record(f"{args.record}_seeds", spread)
         png = plot_curves(args.root, args.names, args.root / "results" / "acceptance_over_training.png")
         if png:
             print(f"acceptance over training: {png}")
