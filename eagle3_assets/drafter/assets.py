@@ -219,6 +219,8 @@ def drafter_checkpoint(context: dg.AssetExecutionContext, config: DrafterTrainin
             "acceptance_floor": recipe.evaluation.acceptance_floor,
             "acceptance_margin": recipe.evaluation.acceptance_margin,
             "matches_greedy": t["matches_greedy"],
+            # drafts the evaluator decided by a near-tie, where an engine may draft the other token
+            "evaluator_near_ties": t.get("near_ties", 0),
             "acceptance_per_position": md_table(positions),
             # each checkpoint's expected accepted length on the held-out shards, and which one was exported
             "acceptance_estimate": md_table(estimates),

@@ -76,7 +76,7 @@ def evaluate_drafter(model_dir: Path, out_dir: Path, prompts: list[list[int]], r
         rep = evaluate_acceptance(target, model, prompts, k=k, max_new_tokens=n, stop_ids=stop, greedy_reference=greedy)
         out[name] = {"acceptance_length": rep.acceptance_length, "acceptance_length_no_bonus": rep.acceptance_length_no_bonus,
                      "per_position_rate": list(rep.per_position_rate), "verify_steps": rep.verify_steps,
-                     "matches_greedy": bool(rep.matches_greedy)}
+                     "matches_greedy": bool(rep.matches_greedy), "near_ties": rep.near_ties}
     out.update(prompts=len(prompts), k=k, max_new_tokens=n, floor=ev.acceptance_floor, margin=ev.acceptance_margin,
                stop_ids=stop, evaluated=evaluated_export_dir(out_dir).name, exports=exports)
     return out

@@ -31,6 +31,7 @@ from eagle3_assets.drafter.spec_decode import (
     acceptance_report,
     aux_from_hidden_states,
     emit_verified,
+    near_tie_mask,
 )
 
 
@@ -73,18 +74,27 @@ def replay_inputs(target, prompts: list[list[int]], replies: list[list[int]], la
 def accepted_lengths(drafter: Eagle3Drafter, item: ReplayInput, k: int) -> list[int]:
     """a_t for every position t: leading drafts of the chain started after t that equal the
     sequence's own next tokens (the chain's step s at t drafts the token at t + 2 + s)."""
+    return chains(drafter, item, k)[0]
+
+
+@torch.no_grad()
+def chains(drafter: Eagle3Drafter, item: ReplayInput, k: int) -> tuple[list[int], list[int]]:
+    """``(a_t, ties_t)`` for every position t: the accepted length, and how many of the drafts the
+    verification at t compares (the accepted ones and the first rejected one) are near-ties."""
     ids, dtype = item.ids, drafter.fc.weight.dtype
     logits = drafter(ids[None], item.aux[None].to(dtype), ttt_steps=k)
     n = ids.numel()
     run = torch.ones(n, dtype=torch.bool)
     accepted = torch.zeros(n, dtype=torch.long)
+    ties = torch.zeros(n, dtype=torch.long)
     for s, step in enumerate(logits):
         draft = drafter.draft_to_target(step[0].argmax(-1))  # [n]
         truth = torch.full((n,), -1, dtype=torch.long)
         truth[: max(0, n - 2 - s)] = ids[2 + s:]
+        ties += (run & near_tie_mask(step[0])).long()  # compared: every draft up to the first miss
         run &= draft == truth
         accepted += run.long()
-    return accepted.tolist()
+    return accepted.tolist(), ties.tolist()
 
 
 def replay_one(drafter: Eagle3Drafter, item: ReplayInput, *, k: int, max_new_tokens: int,
@@ -92,20 +102,22 @@ def replay_one(drafter: Eagle3Drafter, item: ReplayInput, *, k: int, max_new_tok
     """The real decoder's verification steps, walked over the accepted lengths."""
     if item.ids.numel() < item.prompt_len + item.reply_len + k:
         raise ValueError(f"the replay needs {k} lookahead tokens past the reply for k={k}")
-    a = accepted_lengths(drafter, item, k)
+    a, tie_counts = chains(drafter, item, k)
     ids, stops = item.ids.tolist(), set(stop_ids)
+    ties: list[int] = []
     n_real = item.prompt_len  # tokens the target has processed; ids[n_real] is the last verified token
     output, accepted, emitted = [ids[n_real]], [], []
     finish = "stop" if output[0] in stops else ("length" if len(output) >= max_new_tokens else None)
     while finish is None:
         m = a[n_real - 1]
+        ties += [len(accepted)] * tie_counts[n_real - 1]
         new = ids[n_real + 1: n_real + 2 + m]  # the accepted drafts and the target's bonus token
         take, finish = emit_verified(new, len(output), stops, max_new_tokens)
         n_real += 1 + m
         accepted.append(m)
         output.extend(take)
         emitted.append(len(take))
-    return SpecResult(output, accepted, emitted, finish)
+    return SpecResult(output, accepted, emitted, finish, ties)
 
 
 def replay_acceptance(drafter: Eagle3Drafter, items: list[ReplayInput], *, k: int, max_new_tokens: int,

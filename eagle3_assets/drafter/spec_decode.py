@@ -12,7 +12,13 @@ One round (batch of one sequence, greedy):
    the drafter's cache gets real entries (target features) for the accepted positions.
 
 The output is therefore exactly what greedy decoding of the target produces (up to float
-ties), which ``evaluate_acceptance(check_greedy=True)`` verifies. Acceptance length follows
+ties), which ``evaluate_acceptance(check_greedy=True)`` verifies.
+
+A draft whose two best logits lie within a few float32 rounding steps of each other (a near-tie,
+``TIE_ULPS``) is decided by the order in which kernels sum the same products, so an engine that
+runs the very same weights may draft the other token there and count other steps. The decoder
+records each near-tie (``SpecResult.ties``, ``AcceptanceReport.near_ties``) and can settle any of
+them the other way (``flips``); ``tie_outcomes`` lists every decode a prompt's near-ties allow. Acceptance length follows
 SGLang: accepted draft tokens + 1 per verification step; the figure without the bonus is the
 one SpecForge's ``simulated_acc_len`` reports.
 """
@@ -97,6 +103,30 @@ class SpecResult:
     accepted: list[int]  # per verification step: draft tokens the target agreed with (0..k)
     emitted: list[int]  # per verification step: tokens appended to the output (after the cut)
     finish_reason: str
+    ties: list[int] = field(default_factory=list)  # near-tie drafts: draft call index (the replay: its step)
+
+
+# Two logits this many units in the last place apart (float32, at the larger one's magnitude) are a
+# near-tie. The kimi-mini MLA drafter of the engine tests met one two units apart (9.5e-7 at 4.03),
+# which vLLM and SGLang both settled the other way.
+TIE_ULPS = 8
+
+
+def near_tie_mask(logits: torch.Tensor) -> torch.Tensor:
+    """For each row of draft logits ``[..., V]``: whether its two best logits are a near-tie."""
+    top = logits.float().topk(2, dim=-1).values
+    scale = top[..., 0].abs().clamp(min=1.0) * torch.finfo(logits.dtype).eps
+    return (top[..., 0] - top[..., 1]) <= TIE_ULPS * scale
+
+
+def draft_index(logits: torch.Tensor, call: int, ties: list[int], flips: frozenset[int]) -> torch.Tensor:
+    """The draft-vocabulary index one row of logits drafts: its best, or its runner-up where
+    ``call`` is a near-tie settled the other way (``flips``); a near-tie is recorded in ``ties``."""
+    if bool(near_tie_mask(logits)):
+        ties.append(call)
+        if call in flips:
+            return logits.topk(2).indices[1]
+    return logits.argmax()
 
 
 @torch.no_grad()
@@ -122,8 +152,10 @@ def speculative_generate(
     max_new_tokens: int,
     stop_ids: list[int],
     layer_ids: list[int] | None = None,
+    flips: frozenset[int] = frozenset(),
 ) -> SpecResult:
-    """Greedy chain speculative decoding of one prompt; see the module docstring."""
+    """Greedy chain speculative decoding of one prompt; see the module docstring. ``flips``: draft
+    calls (by index in this decode) whose near-tie is settled for the runner-up."""
     device = next(target.parameters()).device
     layer_ids = layer_ids or drafter.config.aux_layer_ids
     stops = set(stop_ids)
@@ -142,12 +174,15 @@ def speculative_generate(
     n_real = len(prompt_ids)  # drafter entries == tokens the target has processed
     last_h = draft_entries(prompt_ids[1:] + [tok], aux_from_hidden_states(out.hidden_states, layer_ids), 0)[:, -1:]
     finish = "stop" if tok in stops else ("length" if len(output) >= max_new_tokens else None)
+    ties: list[int] = []
+    calls = 0
 
     while finish is None:
         # 1. draft a chain of k tokens
         drafts, h = [], last_h
         for j in range(k):
-            d = int(drafter.draft_to_target(drafter.logits(h)[0, -1].argmax()))
+            d = int(drafter.draft_to_target(draft_index(drafter.logits(h)[0, -1], calls, ties, flips)))
+            calls += 1
             drafts.append(d)
             if j + 1 < k:
                 pos = torch.tensor([[n_real + j]], device=device)  # the chain's j-th token sits at n_real + j
@@ -170,7 +205,23 @@ def speculative_generate(
         take, finish = emit_verified(new, len(output), stops, max_new_tokens)
         output.extend(take)
         emitted.append(len(take))
-    return SpecResult(output, accepted, emitted, finish)
+    return SpecResult(output, accepted, emitted, finish, ties)
+
+
+def tie_outcomes(target, drafter: Eagle3Drafter, prompt_ids: list[int], *, k: int, max_new_tokens: int,
+                 stop_ids: list[int], max_flips: int = 3) -> list[SpecResult]:
+    """Every decode of one prompt its near-ties allow, the plain one first: each near-tie met on the
+    way settled either way, at most ``max_flips`` of them the other way. An engine that sums in
+    another order runs one of these (its output stays greedy: verification decides what is emitted)."""
+    outcomes, pending = [], [frozenset()]
+    while pending:
+        flips = pending.pop(0)
+        res = speculative_generate(target, drafter, prompt_ids, k=k, max_new_tokens=max_new_tokens,
+                                   stop_ids=stop_ids, flips=flips)
+        outcomes.append(res)
+        if len(flips) < max_flips:
+            pending += [flips | {t} for t in res.ties if t > max(flips, default=-1)]
+    return outcomes
 
 
 def emit_verified(new: list[int], produced: int, stops: set[int], max_new_tokens: int) -> tuple[list[int], str | None]:
@@ -203,6 +254,7 @@ class AcceptanceReport:
     conditional_rate: list[float]  # P(token j accepted | tokens 1..j-1 accepted)
     accepted_histogram: list[int]  # verification steps with 0..k accepted
     matches_greedy: bool | None = None  # every output equals plain greedy decoding
+    near_ties: int = 0  # drafts decided by a near-tie (TIE_ULPS): where another engine may draft otherwise
     outputs: list[list[int]] = field(default_factory=list)
 
     def as_metadata(self) -> dict:
@@ -226,6 +278,7 @@ def acceptance_report(results: list[SpecResult], k: int) -> AcceptanceReport:
         per_position_rate=[reach[j] / steps if steps else 0.0 for j in range(1, k + 1)],
         conditional_rate=[reach[j] / reach[j - 1] if reach[j - 1] else 0.0 for j in range(1, k + 1)],
         accepted_histogram=hist,
+        near_ties=sum(len(r.ties) for r in results),
         outputs=[r.output_ids for r in results],
     )
 

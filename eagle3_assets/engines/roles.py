@@ -176,7 +176,8 @@ def compare(project: dict, engine: EngineAcceptance, name: str) -> dict:
             "difference": round(b - a, 4), "project_per_position": [round(x, 4) for x in project.get("per_position_rate", [])],
             f"{name}_per_position": [round(x, 4) for x in engine.per_position_rate],
             "project_matches_greedy": project.get("matches_greedy"), f"{name}_matches_greedy": engine.matches_greedy,
-            f"{name}_verify_steps": engine.drafts, "project_verify_steps": project.get("verify_steps")}
+            f"{name}_verify_steps": engine.drafts, "project_verify_steps": project.get("verify_steps"),
+            "project_near_ties": project.get("near_ties")}  # where the two may part on rounding alone
 
 
 @runtime_checkable

@@ -58,6 +58,6 @@ def test_sglang_serves_kimi_mini_with_the_mla_drafter_and_its_counters_equal_the
     log = spec_server.log_path.read_text(errors="replace")
     assert "type=KimiK25ForConditionalGeneration" in log and "type=Eagle3DeepseekV2ForCausalLM" in log
     prompts = [kimi.render_prompt([{"role": "user", "content": q}]) for q in PROMPTS]
-    engine, project, figures = served_vs_project(spec_server.base_url, kimi, kimi_mini_dir, mla_export, prompts)
+    engine, project, figures, settle = served_vs_project(spec_server.base_url, kimi, kimi_mini_dir, mla_export, prompts)
     print("kimi-mini MLA drafter acceptance:", json.dumps(figures))
-    assert_same_acceptance(engine, project, figures)
+    assert_same_acceptance(engine, project, figures, settle)

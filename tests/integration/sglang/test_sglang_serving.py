@@ -5,7 +5,7 @@ speculating with the SGLang export (``LlamaForCausalLMEagle3``) of a drafter tra
 
 Output must equal the target's greedy decoding, and the acceptance SGLang counts per request
 (``spec_verify_ct``, ``spec_num_correct_drafts``, ...) must equal the project's evaluator's on the
-same float32 weights: same verification steps, same accepted tokens. Scale: 4 held-out prompts,
+same float32 weights: same verification steps, same accepted tokens. Scale: 4 held-out prompts (2 for the tree),
 replies of at most 16 tokens, a drafter trained for 40 steps on 16 answers.
 """
 
@@ -42,7 +42,8 @@ def spec_server(model_dir, sglang_export, tmp_path_factory):
 
 def served_vs_project(base_url: str, embedded, model_dir, export, prompts):
     """The export's acceptance by SGLang's counters and by the project's evaluator on the weights
-    SGLang loaded, both against the target's greedy decoding: ``(engine, project, figures)``."""
+    SGLang loaded, both against the target's greedy decoding: ``(engine, project, figures, settle)``,
+    ``settle()`` listing the evaluator's counts under each settling of its near-ties."""
     from eagle3_assets.drafter import formats
     from eagle3_assets.drafter.spec_decode import evaluate_acceptance, greedy_generate
     from eagle3_assets.drafter.target_weights import read_target_embeddings
@@ -54,26 +55,32 @@ def served_vs_project(base_url: str, embedded, model_dir, export, prompts):
     drafter = formats.load("sglang", export, read_target_embeddings(model_dir)).float().eval()
     project = evaluate_acceptance(embedded.model, drafter, prompts, k=K, max_new_tokens=MAX_NEW, stop_ids=stop,
                                   greedy_reference=greedy)
-    return engine, project, sglang_acceptance.compare(project.as_metadata(), engine)
+
+    def settle():
+        return small_drafter.settled_counts(embedded.model, drafter, prompts, k=K, max_new_tokens=MAX_NEW, stop_ids=stop)
+
+    return engine, project, sglang_acceptance.compare(project.as_metadata(), engine), settle
 
 
-def assert_same_acceptance(engine, project, figures) -> None:
-    """Both decode greedily and SGLang counts exactly the project's steps and accepted tokens."""
+def assert_same_acceptance(engine, project, figures, settle) -> None:
+    """Both decode greedily and SGLang counts the project's steps and accepted tokens at each draft
+    position exactly, or, where the evaluator met a near-tie, as one settling of it does."""
     assert engine.matches_greedy, (engine.outputs, figures)
     assert project.matches_greedy, figures
     assert engine.drafts > 0 and engine.draft_tokens == K * engine.drafts, figures
     assert engine.acceptance_length > 1.05, figures  # trained: not a trivial 1.0 vs 1.0
-    accepted = sum(j * n for j, n in enumerate(project.accepted_histogram))
-    assert (engine.drafts, engine.accepted_tokens) == (project.verify_steps, accepted), figures
-    assert engine.per_position_rate == pytest.approx(project.per_position_rate, abs=1e-9), figures
+    counts = small_drafter.acceptance_counts(engine, project, "sglang")
+    how = small_drafter.assert_counts_agree(counts["sglang"], counts["project"], project, settle)
+    print("SGLang's counts equal the evaluator's:", how, json.dumps(counts))
 
 
 def test_sglang_eagle3_output_is_greedy_and_its_counters_equal_the_project_evaluator(spec_server, sglang_export,
                                                                                       embedded, model_dir):
     prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in PROMPTS]
-    engine, project, figures = served_vs_project(spec_server.base_url, embedded, model_dir, sglang_export, prompts)
+    engine, project, figures, settle = served_vs_project(spec_server.base_url, embedded, model_dir, sglang_export,
+                                                         prompts)
     print("acceptance:", json.dumps(figures))
-    assert_same_acceptance(engine, project, figures)
+    assert_same_acceptance(engine, project, figures, settle)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +99,8 @@ def test_sglang_verifies_a_draft_tree_and_stays_greedy(tree_server, embedded):
     torch's attention over each node's ancestors (tests/unit/engines/test_sglang_cpu_support.py)."""
     from eagle3_assets.drafter.spec_decode import greedy_generate
 
-    prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in PROMPTS]
+    # two prompts: each tree step runs the project's per-sequence CPU ops, about 30 s a prompt here
+    prompts = [embedded.render_prompt([{"role": "user", "content": q}]) for q in PROMPTS[:2]]
     greedy = [greedy_generate(embedded.model, p, max_new_tokens=MAX_NEW, stop_ids=embedded.stop_ids) for p in prompts]
     engine = sglang_acceptance.measure_acceptance(tree_server.base_url, prompts, k=K, max_new_tokens=MAX_NEW,
                                                   greedy_reference=greedy, stop_token_ids=embedded.stop_ids)

@@ -9,8 +9,6 @@ import json
 
 import pytest
 
-from tests.support import small_drafter
-
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
 
 MAX_NEW = 16
@@ -18,7 +16,7 @@ ROW = {"question_id": 7, "category": "math",
        "turns": ["What is 2+3? Answer with a number only.", "Now double it. Answer with a number only."]}
 
 
-def test_turn_two_follows_the_targets_reply_and_equals_the_baseline(embedded, model_dir, tmp_path):
+def test_turn_two_follows_the_targets_reply_and_equals_the_baseline(embedded, model_dir, smol_drafter, tmp_path):
     from eagle3_assets.drafter.spec_decode import greedy_generate
     from eagle3_assets.engines import engine_role
     from eagle3_assets.serving.bench_prompts import prompt_set_hash, read_bench_file
@@ -27,7 +25,7 @@ def test_turn_two_follows_the_targets_reply_and_equals_the_baseline(embedded, mo
     from eagle3_assets.serving.sweep import Bench, SweepSpec, run_sweep
     from eagle3_assets.serving.turns import ReplyModel, target_replies, with_later_turns
 
-    export = small_drafter.train_small_drafter(embedded, model_dir, tmp_path / "drafter", k=3)
+    export = smol_drafter / "vllm"  # the session's small drafter (tests/support/shared_drafters.py), k=3
     path = tmp_path / "mt.jsonl"
     path.write_text(json.dumps(ROW) + "\n")
     rows = read_bench_file(path)

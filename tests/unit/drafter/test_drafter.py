@@ -613,6 +613,69 @@ def test_replay_acceptance_equals_chain_decoding(trained, embedded):
                                                      stop_ids=stops).acceptance_length
 
 
+def test_near_tie_mask_is_a_few_float32_units_in_the_last_place():
+    from eagle3_assets.drafter.spec_decode import TIE_ULPS, near_tie_mask
+
+    ulp = float(torch.finfo(torch.float32).eps) * 4  # one unit in the last place between 4 and 8
+    rows = torch.tensor([[4.0, 4.0 - 2 * ulp, 0.0],  # the kimi-mini MLA drafter's tie: two units apart
+                         [4.0, 4.0 - (TIE_ULPS + 1) * ulp, 0.0],
+                         [4.0, 3.99, 0.0],
+                         [0.0, -1e-7, -1.0]])  # near zero the unit is that of 1.0
+    assert near_tie_mask(rows).tolist() == [True, False, False, True]
+    assert near_tie_mask(rows[2:3].bfloat16()).tolist() == [True]  # bf16 logits: its own units
+
+
+def test_a_near_tie_is_recorded_and_settled_as_a_drafter_preferring_the_runner_up_decodes(trained, embedded):
+    """The decoder records a draft whose two best logits are a near-tie; settling it for the runner-up
+    (``flips``) decodes exactly as a drafter whose logits rank the runner-up first there (the other
+    token drafted without the flip machinery); ``tie_outcomes`` lists both; outputs stay greedy."""
+    from eagle3_assets.drafter.spec_decode import speculative_generate, tie_outcomes
+
+    model, _ = trained
+    prompt = embedded.render_prompt([{"role": "user", "content": HELD_OUT[0]}])
+    run = dict(k=3, max_new_tokens=16, stop_ids=embedded.stop_ids)
+    plain = speculative_generate(embedded.model, model, prompt, **run)
+    assert plain.ties == []
+    step = next(i for i, a in enumerate(plain.accepted) if a > 0)  # a step whose first draft was accepted
+    call = step * 3  # the decoder drafts k tokens per step, every step
+
+    logits, seen = type(model).logits.__get__(model), []
+
+    def recording(h):
+        seen.append(h)
+        return logits(h)
+
+    def rigged(runner_up_above: bool):
+        """``model.logits`` with the runner-up one unit below the best, or above it, on the state
+        the plain decode drafted from at ``call`` (keyed on the state: every decode that reaches it)."""
+        def fn(h):
+            z = logits(h)
+            if torch.equal(h, seen[call]):
+                z = z.clone()
+                best, second = z[0, -1].topk(2).indices.tolist()
+                top = z[0, -1, best]
+                z[0, -1, second] = top + 1.0 if runner_up_above else torch.nextafter(top, top.new_tensor(-1e9))
+            return z
+        return fn
+
+    model.logits = recording
+    try:
+        speculative_generate(embedded.model, model, prompt, **run)
+        model.logits = rigged(False)
+        tied = speculative_generate(embedded.model, model, prompt, **run)
+        flipped = speculative_generate(embedded.model, model, prompt, flips=frozenset({call}), **run)
+        outcomes = tie_outcomes(embedded.model, model, prompt, **run)
+        model.logits = rigged(True)
+        other = speculative_generate(embedded.model, model, prompt, **run)
+    finally:
+        del model.logits
+    assert tied.ties == [call] and tied.accepted == plain.accepted
+    assert flipped.accepted[step] < plain.accepted[step]  # the runner-up is not the target's token
+    assert (flipped.accepted, flipped.emitted, flipped.output_ids) == (other.accepted, other.emitted, other.output_ids)
+    assert flipped.output_ids == plain.output_ids  # verification keeps the output greedy
+    assert [o.accepted for o in outcomes] == [plain.accepted, flipped.accepted]
+
+
 def test_acceptance_estimate_counts_the_chains_the_replay_evaluator_finds(trained, features, teacher, tmp_path):
     """The trainer's estimate (packed batches, the teacher's argmax on the stored final states) against
     an independent record: the replay evaluator's accepted length at every position of each sample (its

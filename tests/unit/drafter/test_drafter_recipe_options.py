@@ -219,7 +219,7 @@ K25_TEXT = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
 
 
 def test_documented_kimi_k25_recipe_loads_and_shapes_a_k25_drafter():
-    """docs/recipes/kimi-k2.5.toml validates, and on K2.5's config gives the MLA drafter both engines
+    """docs/recipes/kimi-k2.5.toml validates, and on K2.5's config gives the EAGLE 3.1 MLA drafter both engines
     load (aux layers [1, 29, 57], the target's latent sizes) with a floor an untrained drafter fails."""
     from pathlib import Path
 
@@ -231,5 +231,6 @@ def test_documented_kimi_k25_recipe_loads_and_shapes_a_k25_drafter():
     assert (cfg.mla["kv_lora_rank"], cfg.mla["qk_rope_head_dim"]) == (512, 64)  # what vLLM's MLA kernels need
     assert (cfg.vocab_size, cfg.draft_vocab_size, cfg.intermediate_size) == (163840, 32000, 18432)
     assert recipe.training.ttt_steps == recipe.evaluation.speculative_k == 3
+    assert (recipe.shape.fc_norm, recipe.shape.norm_output) == (True, True)  # EAGLE 3.1, the best two-engine row
     assert recipe.training.feature_noise > 0 and len(recipe.datasets) >= 2
     assert recipe.evaluation.acceptance_floor > 1.0  # an untrained drafter's acceptance length is 1.0
