@@ -18,9 +18,10 @@ A draft whose two best logits lie within a few float32 rounding steps of each ot
 ``TIE_ULPS``) is decided by the order in which kernels sum the same products, so an engine that
 runs the very same weights may draft the other token there and count other steps. The decoder
 records each near-tie (``SpecResult.ties``, ``AcceptanceReport.near_ties``) and can settle any of
-them the other way (``flips``); ``tie_outcomes`` lists every decode a prompt's near-ties allow. Acceptance length follows
-SGLang: accepted draft tokens + 1 per verification step; the figure without the bonus is the
-one SpecForge's ``simulated_acc_len`` reports.
+them the other way (``flips``); ``tie_outcomes`` lists every decode a prompt's near-ties allow.
+
+Acceptance length follows SGLang: accepted draft tokens + 1 per verification step; the figure
+without the bonus is the one SpecForge's ``simulated_acc_len`` reports.
 """
 
 from __future__ import annotations
@@ -122,11 +123,13 @@ def near_tie_mask(logits: torch.Tensor) -> torch.Tensor:
 def draft_index(logits: torch.Tensor, call: int, ties: list[int], flips: frozenset[int]) -> torch.Tensor:
     """The draft-vocabulary index one row of logits drafts: its best, or its runner-up where
     ``call`` is a near-tie settled the other way (``flips``); a near-tie is recorded in ``ties``."""
+    best = logits.argmax()
     if bool(near_tie_mask(logits)):
         ties.append(call)
-        if call in flips:
-            return logits.topk(2).indices[1]
-    return logits.argmax()
+        if call in flips:  # the other of the two best (an exact tie may list argmax's pick second)
+            first, second = logits.topk(2).indices
+            return second if first == best else first
+    return best
 
 
 @torch.no_grad()

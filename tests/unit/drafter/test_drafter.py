@@ -625,6 +625,18 @@ def test_near_tie_mask_is_a_few_float32_units_in_the_last_place():
     assert near_tie_mask(rows[2:3].bfloat16()).tolist() == [True]  # bf16 logits: its own units
 
 
+def test_settling_a_tie_the_other_way_drafts_the_other_of_the_two_best_even_when_they_are_equal():
+    from eagle3_assets.drafter.spec_decode import draft_index
+
+    for row in (torch.tensor([0.0, 4.0, 4.0, 1.0]), torch.tensor([4.0, 0.0, 1.0, 4.0 - 4.8e-7])):
+        ties: list[int] = []
+        plain = int(draft_index(row, 5, ties, frozenset()))
+        other = int(draft_index(row, 5, ties, frozenset({5})))
+        assert ties == [5, 5] and plain == int(row.argmax()) and other != plain and row[other] >= row.max() - 1e-6
+    ties = []
+    assert int(draft_index(torch.tensor([4.0, 3.0]), 0, ties, frozenset({0}))) == 0 and ties == []  # no tie: no flip
+
+
 def test_a_near_tie_is_recorded_and_settled_as_a_drafter_preferring_the_runner_up_decodes(trained, embedded):
     """The decoder records a draft whose two best logits are a near-tie; settling it for the runner-up
     (``flips``) decodes exactly as a drafter whose logits rank the runner-up first there (the other
