@@ -40,7 +40,7 @@ test: setup lint
 	else echo "no SLURM (apt-get install slurm-wlm munge): tests marked slurm are SKIPPED (they fail under CI=true)"; fi
 	@if [ -x $(SGLANG_LINK)/bin/python ]; then echo "SGLang environment found ($(SGLANG_LINK)): tests marked sglang run against real servers"; \
 	else echo "no SGLang environment (run 'make sglang'): tests marked sglang are SKIPPED (they fail under CI=true)"; fi
-	$(BIN)/python -m pytest
+	$(BIN)/python -m tests.support.lanes
 
 lint: setup
 	$(BIN)/ruff check .
