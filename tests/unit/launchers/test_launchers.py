@@ -151,7 +151,9 @@ def test_the_local_launcher_starts_a_process_beside_the_step_and_stops_it(tmp_pa
     import time
 
     context = SimpleNamespace(log=SimpleNamespace(info=lambda msg: None))
-    script = "import sys, time; print('up', flush=True); time.sleep(60)"
+    # the sleeper reports its signal masks, so a SIGTERM it could not act on names the reason
+    script = ("import time; print('up', *[l for l in open('/proc/self/status') if l.startswith(('SigBlk', 'SigIgn'))],"
+              " flush=True); time.sleep(120)")
     launch = Launch("beside", "eagle3_no_such_module", [])
     failed = LocalLauncher().start(context, launch, tmp_path / "a")
     t0 = time.monotonic()
@@ -163,12 +165,15 @@ def test_the_local_launcher_starts_a_process_beside_the_step_and_stops_it(tmp_pa
     sleeper = Launch("beside", "sleeper", [], exports={"PYTHONPATH": str(tmp_path)})
     started = LocalLauncher().start(context, sleeper, tmp_path / "b")
     assert started.log == tmp_path / "b" / "output.log"
+    t0 = time.monotonic()
     while "up" not in started.log.read_text() and time.monotonic() - t0 < 60:
         assert started.poll() is None
         time.sleep(0.05)
     assert started.poll() is None  # still running after start returned
-    started.stop(grace_s=5)
-    assert started.poll() == -15  # SIGTERM
+    t0 = time.monotonic()
+    started.stop(grace_s=30)  # SIGTERM, then SIGKILL after the grace: the default disposition needs none
+    assert started.poll() == -15, (f"ended by {started.poll()} after {time.monotonic() - t0:.1f} s; "
+                                   f"its output: {started.log.read_text()!r}")
 
 
 def test_streaming_producers_on_slurm_are_one_node_jobs_of_their_own(tmp_path, monkeypatch):
