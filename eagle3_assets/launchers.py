@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from eagle3_assets.processes import default_sigterm
+
 LAUNCHERS = {
     "local": "eagle3_assets.launchers:LocalLauncher.open",  # this machine: one process, or torchrun
     "slurm": "eagle3_assets.slurm.launcher:SlurmLauncher.open",  # one SLURM job: torchrun under srun on every task
@@ -146,7 +148,8 @@ class LocalLauncher:
         log = folder / "output.log"
         context.log.info(f"{launch.name}: started {' '.join(command)} (output: {log})")
         with open(log, "a") as out:
-            proc = subprocess.Popen(command, env={**os.environ, **launch.exports}, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(command, env={**os.environ, **launch.exports}, stdout=out, stderr=subprocess.STDOUT,
+                                    preexec_fn=default_sigterm)  # stop() sends SIGTERM
         return LocalStarted(proc, log)
 
 

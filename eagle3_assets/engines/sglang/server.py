@@ -24,6 +24,7 @@ from eagle3_assets.engines.process import ServerProcess, free_port
 from eagle3_assets.engines.sglang.versions import require_supported_sglang
 from eagle3_assets.engines.versions import EngineVersionError
 from eagle3_assets.engines.vllm.server import PACKAGE_PARENT, ships_code
+from eagle3_assets.processes import default_sigterm
 
 
 class SGLangServerError(RuntimeError):
@@ -169,7 +170,8 @@ class SGLangServer(ServerProcess):
         self.port = self.port or free_port()
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=self.environment(), cwd=str(self.workdir), start_new_session=True)
+                                          env=self.environment(), cwd=str(self.workdir), start_new_session=True,
+                                          preexec_fn=default_sigterm)  # stopped with SIGTERM (stop_group)
         return self
 
     def ready_url(self) -> str:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import eagle3_assets
 from eagle3_assets.engines.process import ServerProcess, free_port
+from eagle3_assets.processes import default_sigterm
 
 PACKAGE_PARENT = Path(eagle3_assets.__file__).resolve().parents[1]  # on the server's PYTHONPATH for the connector
 CPU_CONNECTOR = "CpuHiddenStatesConnector"
@@ -246,7 +247,8 @@ class VLLMServer(ServerProcess):
         log = self.log_path.open("ab")
         try:
             self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=self.environment(), cwd=str(work), start_new_session=True)
+                                          env=self.environment(), cwd=str(work), start_new_session=True,
+                                          preexec_fn=default_sigterm)  # stopped with SIGTERM (stop_group)
         finally:
             log.close()
         return self

@@ -176,6 +176,37 @@ def test_the_local_launcher_starts_a_process_beside_the_step_and_stops_it(tmp_pa
                                    f"its output: {started.log.read_text()!r}")
 
 
+def test_a_started_process_still_stops_on_sigterm_where_dagster_left_sigterm_ignored(tmp_path):
+    """Started with SIGINT ignored (``nohup``, ``cmd &``, a CI runner), a process that ran Dagster in
+    process is left ignoring SIGTERM (Dagster maps it to SIGINT's disposition), and an ignored
+    signal survives ``exec``: without the launcher's reset its children ignore ``stop`` and die
+    only by SIGKILL at the end of the grace."""
+    import signal
+    import time
+
+    from dagster._utils.interrupts import capture_interrupts
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with capture_interrupts():  # what a Dagster step executed in this process goes through
+            pass
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN, "Dagster no longer leaves SIGTERM ignored"
+        (tmp_path / "sleeper.py").write_text("import time; print('up', flush=True); time.sleep(120)")
+        context = SimpleNamespace(log=SimpleNamespace(info=lambda msg: None))
+        started = LocalLauncher().start(context, Launch("beside", "sleeper", [], exports={"PYTHONPATH": str(tmp_path)}),
+                                        tmp_path / "b")
+        t0 = time.monotonic()
+        while "up" not in started.log.read_text() and time.monotonic() - t0 < 60:
+            assert started.poll() is None
+            time.sleep(0.05)
+        started.stop(grace_s=30)
+        assert started.poll() == -signal.SIGTERM
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 def test_streaming_producers_on_slurm_are_one_node_jobs_of_their_own(tmp_path, monkeypatch):
     """On SLURM each producer is a job of ``stream.slurm``'s shape, one node and one task unless it
     says otherwise (where the trainer's resource asks for two), submitted by ``start`` without
