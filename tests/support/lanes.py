@@ -1,6 +1,6 @@
 """`make test`: the suite as two pytest processes at once.
 
-On a 2-core machine one pytest process leaves about a third of the CPU idle: much of the
+On a 2-core machine one pytest process leaves the CPU idle about half the time: much of the
 integration tests' wall time is waiting (an engine server importing torch and starting, SLURM
 scheduling a job, Dagster's backfill daemon on its 30-second loop). Two lanes fill it:
 
