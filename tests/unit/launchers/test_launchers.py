@@ -145,15 +145,34 @@ def test_the_architecture_page_names_the_files_and_parts_of_a_new_launcher():
         assert all(hasattr(cls, m) for m in members - {"tasks", "nodes"}), name  # these two: per launch
 
 
+# The sleeper reports its signal masks, so a SIGTERM it could not act on names the reason.
+SLEEPER = ("import time; print('up', *[l for l in open('/proc/self/status') if l.startswith(('SigBlk', 'SigIgn'))],"
+           " flush=True); time.sleep(120)")
+
+
+def start_sleeper(tmp_path):
+    """A process started by the local launcher, returned once it is up."""
+    import time
+
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    context = SimpleNamespace(log=SimpleNamespace(info=lambda msg: None))
+    started = LocalLauncher().start(context, Launch("beside", "sleeper", [], exports={"PYTHONPATH": str(tmp_path)}),
+                                    tmp_path / "b")
+    assert started.log == tmp_path / "b" / "output.log"
+    t0 = time.monotonic()
+    while "up" not in started.log.read_text() and time.monotonic() - t0 < 60:
+        assert started.poll() is None
+        time.sleep(0.05)
+    assert started.poll() is None  # still running after start returned
+    return started
+
+
 def test_the_local_launcher_starts_a_process_beside_the_step_and_stops_it(tmp_path):
     """``start`` returns while the process runs (the streaming producers run beside the trainer's
     ``run``); its output lands in the folder; ``stop`` ends it with SIGTERM."""
     import time
 
     context = SimpleNamespace(log=SimpleNamespace(info=lambda msg: None))
-    # the sleeper reports its signal masks, so a SIGTERM it could not act on names the reason
-    script = ("import time; print('up', *[l for l in open('/proc/self/status') if l.startswith(('SigBlk', 'SigIgn'))],"
-              " flush=True); time.sleep(120)")
     launch = Launch("beside", "eagle3_no_such_module", [])
     failed = LocalLauncher().start(context, launch, tmp_path / "a")
     t0 = time.monotonic()
@@ -161,15 +180,7 @@ def test_the_local_launcher_starts_a_process_beside_the_step_and_stops_it(tmp_pa
         time.sleep(0.05)
     assert failed.poll() == 1 and "No module named eagle3_no_such_module" in failed.log.read_text()
 
-    (tmp_path / "sleeper.py").write_text(script)
-    sleeper = Launch("beside", "sleeper", [], exports={"PYTHONPATH": str(tmp_path)})
-    started = LocalLauncher().start(context, sleeper, tmp_path / "b")
-    assert started.log == tmp_path / "b" / "output.log"
-    t0 = time.monotonic()
-    while "up" not in started.log.read_text() and time.monotonic() - t0 < 60:
-        assert started.poll() is None
-        time.sleep(0.05)
-    assert started.poll() is None  # still running after start returned
+    started = start_sleeper(tmp_path)
     t0 = time.monotonic()
     started.stop(grace_s=30)  # SIGTERM, then SIGKILL after the grace: the default disposition needs none
     assert started.poll() == -15, (f"ended by {started.poll()} after {time.monotonic() - t0:.1f} s; "
@@ -182,7 +193,6 @@ def test_a_started_process_still_stops_on_sigterm_where_dagster_left_sigterm_ign
     signal survives ``exec``: without the launcher's reset its children ignore ``stop`` and die
     only by SIGKILL at the end of the grace."""
     import signal
-    import time
 
     from dagster._utils.interrupts import capture_interrupts
 
@@ -192,14 +202,7 @@ def test_a_started_process_still_stops_on_sigterm_where_dagster_left_sigterm_ign
         with capture_interrupts():  # what a Dagster step executed in this process goes through
             pass
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN, "Dagster no longer leaves SIGTERM ignored"
-        (tmp_path / "sleeper.py").write_text("import time; print('up', flush=True); time.sleep(120)")
-        context = SimpleNamespace(log=SimpleNamespace(info=lambda msg: None))
-        started = LocalLauncher().start(context, Launch("beside", "sleeper", [], exports={"PYTHONPATH": str(tmp_path)}),
-                                        tmp_path / "b")
-        t0 = time.monotonic()
-        while "up" not in started.log.read_text() and time.monotonic() - t0 < 60:
-            assert started.poll() is None
-            time.sleep(0.05)
+        started = start_sleeper(tmp_path)
         started.stop(grace_s=30)
         assert started.poll() == -signal.SIGTERM
     finally:
